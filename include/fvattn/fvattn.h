@@ -1,0 +1,291 @@
+/*
+ * fvattn: video-attention kernels behind a stable C ABI.
+ *
+ *   - QAT attention: NVFP4 quantization-aware-training attention (FastVideo's Attn-QAT), forward and
+ *     backward; with quantization off it is plain (dense) attention.
+ *   - VSA: FastVideo's Video Sparse Attention, block-sparse attention over 64-token blocks, forward
+ *     and backward, and the inversion of its block indices.
+ *
+ * How to use it, in four steps:
+ *   1. fva_create() a handle (once; it picks the CUDA backend when a driver and a device are present,
+ *      the CPU reference backend otherwise).
+ *   2. Describe each tensor with an fva_tensor_t (data pointer, dtype, shape, strides in elements).
+ *   3. Ask fva_*_workspace_size() how many bytes of scratch the call needs, pass that memory in.
+ *   4. Call the operation. On failure it returns a status other than FVA_OK and fva_last_error()
+ *      names the argument and the rule it broke; no output has been written.
+ *
+ * Conventions:
+ *   - Attention tensors are rank 4, logically [B, H, S, D], with any strides whose last is 1 (BHSD and
+ *     BSHD views both work). lse is rank 3 [B, H, S], float32. Strides count elements, not bytes,
+ *     exactly like DLPack's DLTensor.
+ *   - Data pointers are device pointers for a CUDA handle and host pointers for a CPU handle; so is
+ *     the workspace pointer.
+ *   - The stream is a cudaStream_t / CUstream passed as void* (NULL: the legacy default stream); the
+ *     CPU backend ignores it and runs synchronously. No call synchronizes the device.
+ *   - No call allocates device memory; scratch comes from the caller (the workspace).
+ *   - Every options struct starts with uint32_t struct_size and has an *_INIT initializer, so later
+ *     versions can append fields without breaking callers compiled against this header.
+ *   - A handle may be used from several threads at once. fva_last_error() is per thread.
+ *
+ * The numbers each operation computes are specified in docs/SPEC.md (FastVideo's behaviour).
+ *
+ * This header is C99, includes only <stddef.h> and <stdint.h>, and can be parsed by cffi after the
+ * C preprocessor has run.
+ */
+#ifndef FVATTN_FVATTN_H_
+#define FVATTN_FVATTN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Exported from the library; empty for its users, so the header stays plain C for cffi. */
+#if defined(FVATTN_BUILDING_LIBRARY) && defined(__GNUC__)
+#define FVA_API __attribute__((visibility("default")))
+#else
+#define FVA_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Version                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define FVA_VERSION_MAJOR 0
+#define FVA_VERSION_MINOR 1
+#define FVA_VERSION_PATCH 0
+/* The ABI version: bumped only when a change breaks binaries built against an older header. */
+#define FVA_ABI_VERSION 1
+
+/* The version of the loaded library, MAJOR*10000 + MINOR*100 + PATCH (compare with the macros to
+ * detect a header/library mismatch). */
+FVA_API int32_t fva_version(void);
+/* The ABI version of the loaded library (FVA_ABI_VERSION of the header it was built from). */
+FVA_API int32_t fva_abi_version(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef int32_t fva_status_t;
+#define FVA_OK 0
+#define FVA_ERR_INVALID_ARGUMENT 1    /* an argument broke a rule; fva_last_error() says which */
+#define FVA_ERR_UNSUPPORTED 2         /* valid, but not supported by this build/backend/device */
+#define FVA_ERR_WORKSPACE_TOO_SMALL 3 /* ws_bytes is below what the workspace query returned */
+#define FVA_ERR_NO_DEVICE 4           /* CUDA requested, but no driver or no usable device */
+#define FVA_ERR_CUDA 5                /* the CUDA driver reported an error */
+#define FVA_ERR_OUT_OF_MEMORY 6       /* host memory ran out */
+#define FVA_ERR_INTERNAL 7            /* a bug in fvattn: please report it with the message */
+
+/* A static English name for a status ("FVA_ERR_INVALID_ARGUMENT"); "unknown status" for others. */
+FVA_API const char* fva_status_string(fva_status_t status);
+/* The message of the last failed call on the calling thread (e.g. "k: shape[2] is 300 but
+ * v.shape[2] is 320"); "" if no call has failed on this thread. Valid until the next fvattn call on
+ * this thread. Successful calls leave it unchanged. */
+FVA_API const char* fva_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensors                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define FVA_DTYPE_BF16 1
+#define FVA_DTYPE_F16 2
+#define FVA_DTYPE_F32 3
+#define FVA_DTYPE_I32 4
+#define FVA_DTYPE_I64 5
+
+#define FVA_MAX_RANK 6
+
+/* A strided view of memory; maps one to one onto DLPack's DLTensor (element strides). Only the first
+ * `rank` entries of shape and strides are read. The descriptor is never modified by fvattn; outputs
+ * are written through `data`.
+ * Rules every tensor argument is checked against: data not NULL and 16-byte aligned; rank and dtype
+ * as the operation says; shape[i] >= 1; strides[i] >= 0 with strides[rank-1] == 1; the largest
+ * element offset fits in 64 bits; for bf16/f16 attention tensors, every stride but the last a
+ * multiple of 8 elements (16 bytes); outputs may not overlap inputs or each other. */
+typedef struct fva_tensor {
+  void* data;
+  int32_t dtype; /* FVA_DTYPE_* */
+  int32_t rank;  /* 1..FVA_MAX_RANK */
+  int64_t shape[FVA_MAX_RANK];
+  int64_t strides[FVA_MAX_RANK]; /* in elements */
+} fva_tensor_t;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Handles                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct fva_handle* fva_handle_t;
+
+#define FVA_BACKEND_AUTO 0 /* CUDA when a driver and a device are present, else CPU */
+#define FVA_BACKEND_CUDA 1
+#define FVA_BACKEND_CPU 2
+
+typedef struct fva_handle_options {
+  uint32_t struct_size;  /* sizeof(fva_handle_options_t) */
+  int32_t backend;       /* FVA_BACKEND_* */
+  int32_t device;        /* CUDA device ordinal; -1: the calling thread's current device (or 0) */
+  int32_t deterministic; /* 1: bitwise reproducible results run to run (the CPU backend always is) */
+} fva_handle_options_t;
+
+#define FVA_HANDLE_OPTIONS_INIT {(uint32_t)sizeof(fva_handle_options_t), FVA_BACKEND_AUTO, -1, 0}
+
+/* Creates a handle. opts may be NULL (defaults: FVA_HANDLE_OPTIONS_INIT).
+ * Returns FVA_OK; FVA_ERR_INVALID_ARGUMENT (out NULL, struct_size too small, backend or device out of
+ * range); FVA_ERR_NO_DEVICE (CUDA asked for, but libcuda.so.1 cannot be loaded, cuInit fails or the
+ * device does not exist); FVA_ERR_CUDA; FVA_ERR_OUT_OF_MEMORY. On failure *out is set to NULL. */
+FVA_API fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts);
+/* Destroys a handle; NULL is a no-op. Returns FVA_OK. */
+FVA_API fva_status_t fva_destroy(fva_handle_t handle);
+
+typedef struct fva_handle_info {
+  uint32_t struct_size;   /* set by the caller to sizeof(fva_handle_info_t) */
+  int32_t backend;        /* FVA_BACKEND_CUDA or FVA_BACKEND_CPU (never AUTO) */
+  int32_t device;         /* CUDA ordinal, -1 for the CPU backend */
+  int32_t sm_major;       /* compute capability, 0 for the CPU backend */
+  int32_t sm_minor;
+  int32_t sm_count;       /* multiprocessors; CPU backend: worker threads */
+  char image[16];         /* kernel image in use: "sm_90a", ..., "cpu"; "none" if no image fits */
+  char device_name[256];  /* NUL-terminated */
+} fva_handle_info_t;
+
+/* Fills *info (info->struct_size must be at least sizeof of the version-1 struct).
+ * Returns FVA_OK or FVA_ERR_INVALID_ARGUMENT. */
+FVA_API fva_status_t fva_get_info(fva_handle_t handle, fva_handle_info_t* info);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* QAT attention                                                                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* NVFP4 second-level scale modes (SPEC section 1). */
+#define FVA_SCALE_BLOCK 0 /* per-16-element E4M3 scale only (FastVideo production) */
+#define FVA_SCALE_TILE 1  /* plus one fp32 scale per kernel tile ("use_global_sf") */
+#define FVA_SCALE_ROW 2   /* P only: plus one fp32 scale per tile row ("two_level_quant_P") */
+
+/* Configuration of QAT attention. Every int32 field is 0 or 1 unless noted. FastVideo's flag names
+ * are in brackets. */
+typedef struct fva_qat_config {
+  uint32_t struct_size;           /* sizeof(fva_qat_config_t) */
+  float softmax_scale;            /* > 0, or 0 for 1/sqrt(D) */
+  int32_t causal;                 /* query i sees keys j <= i */
+  int32_t quantize;               /* [IS_QAT] fake-quantize Q, K, V and P; 0: plain attention */
+  int32_t smooth_k;               /* subtract the per-channel mean of K over (B, H, Skv) first */
+  int32_t qkv_scale;              /* FVA_SCALE_BLOCK or FVA_SCALE_TILE [use_global_sf_QKV] */
+  int32_t p_scale;                /* FVA_SCALE_BLOCK, _TILE [use_global_sf_P] or _ROW [two_level_quant_P] */
+  int32_t quantize_p_backward;    /* [fake_quant_P] the backward's dV uses quantized P */
+  int32_t high_precision_o;       /* [use_high_prec_o] forward also writes o_hp; backward's Delta uses it */
+  int32_t quantized_qkv_backward; /* [use_qat_qkv_backward] backward uses fake-quantized q, k, v */
+} fva_qat_config_t;
+
+/* FastVideo's production preset (its ATTN_QAT_TRAIN backend): quantize with block scales, quantized P
+ * in the backward, high-precision o, quantized q/k/v in the backward; not causal, no smooth_k. */
+#define FVA_QAT_CONFIG_INIT \
+  {(uint32_t)sizeof(fva_qat_config_t), 0.0f, 0, 1, 0, FVA_SCALE_BLOCK, FVA_SCALE_BLOCK, 1, 1, 1}
+
+/* Tensors of QAT attention (all attention tensors share one dtype, bf16 or f16):
+ *   q [B, Hq, Sq, D]    k, v [B, Hkv, Skv, D]    with Hq a multiple of Hkv (GQA), D in {16, 32, 64,
+ *   128, 256}, any Sq, Skv >= 1;  o, o_hp, dout, dq [B, Hq, Sq, D];  dk, dv [B, Hkv, Skv, D];
+ *   lse float32 [B, Hq, Sq]: base-2 log-sum-exp of the scaled logits (natural LSE = lse * ln 2).
+ * Statuses of every function below: FVA_OK, FVA_ERR_INVALID_ARGUMENT (a NULL pointer, a config field
+ * out of range, a dtype, rank, shape, stride, alignment or overlap rule broken),
+ * FVA_ERR_UNSUPPORTED (valid but not available on this backend/device, e.g. an unsupported head
+ * dim), FVA_ERR_WORKSPACE_TOO_SMALL, FVA_ERR_CUDA, FVA_ERR_OUT_OF_MEMORY, FVA_ERR_INTERNAL. */
+
+/* Bytes of workspace fva_qat_forward needs for these shapes and config (written to *bytes). */
+FVA_API fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
+                                                    const fva_tensor_t* q, const fva_tensor_t* k,
+                                                    const fva_tensor_t* v, size_t* bytes);
+/* Forward: writes o, lse and (when cfg->high_precision_o) o_hp. o_hp must be NULL unless
+ * cfg->high_precision_o is 1. cfg NULL means FVA_QAT_CONFIG_INIT. */
+FVA_API fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg,
+                                     const fva_tensor_t* q, const fva_tensor_t* k,
+                                     const fva_tensor_t* v, const fva_tensor_t* o,
+                                     const fva_tensor_t* o_hp, const fva_tensor_t* lse, void* ws,
+                                     size_t ws_bytes, void* stream);
+/* Bytes of workspace fva_qat_backward needs. */
+FVA_API fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
+                                                     const fva_tensor_t* q, const fva_tensor_t* k,
+                                                     const fva_tensor_t* v, size_t* bytes);
+/* Backward, stateless: the same q, k, v and cfg as the forward, o_for_bwd (o_hp when
+ * cfg->high_precision_o, else o), the forward's lse and the incoming gradient dout. Writes dq, dk, dv.
+ * cfg NULL means FVA_QAT_CONFIG_INIT. */
+FVA_API fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg,
+                                      const fva_tensor_t* q, const fva_tensor_t* k,
+                                      const fva_tensor_t* v, const fva_tensor_t* o_for_bwd,
+                                      const fva_tensor_t* lse, const fva_tensor_t* dout,
+                                      const fva_tensor_t* dq, const fva_tensor_t* dk,
+                                      const fva_tensor_t* dv, void* ws, size_t ws_bytes,
+                                      void* stream);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* VSA block-sparse attention                                                                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct fva_vsa_config {
+  uint32_t struct_size; /* sizeof(fva_vsa_config_t) */
+  float softmax_scale;  /* > 0, or 0 for 1/sqrt(D) */
+  int32_t block_size;   /* tokens per block; 64 is the only supported value */
+} fva_vsa_config_t;
+
+#define FVA_VSA_CONFIG_INIT {(uint32_t)sizeof(fva_vsa_config_t), 0.0f, 64}
+
+/* Tensors of VSA (attention tensors bf16 or f16, one dtype for all; metadata int32):
+ *   q [B, Hq, Sq, D] with Sq = 64 * num_q_blocks;  k, v [B, Hkv, Skv, D] with Skv = 64 * num_kv_blocks;
+ *   Hq a multiple of Hkv; D in {64, 128};  o, dout, dq [B, Hq, Sq, D];  dk, dv like k;
+ *   lse float32 [B, Hq, Sq] (base 2, as in QAT);
+ *   q2k_idx int32 [B, Hq, num_q_blocks, max_k]: the kv blocks each q block attends, in order; only the
+ *     first q2k_num[b, h, qb] entries are read (a count above max_k reads max_k), and an entry outside
+ *     [0, num_kv_blocks) is skipped;
+ *   q2k_num int32 [B, Hq, num_q_blocks];
+ *   block_sizes int32 [num_kv_blocks]: real tokens of each kv block (they fill its first slots; values
+ *     are clamped to [0, 64]).
+ * A q block with no visible key gets o = 0 and lse = -inf. Index tensors are not read on the host by
+ * the CUDA backend. Statuses as for QAT. cfg NULL means FVA_VSA_CONFIG_INIT. */
+
+FVA_API fva_status_t fva_vsa_forward_workspace_size(fva_handle_t h, const fva_vsa_config_t* cfg,
+                                                    const fva_tensor_t* q, const fva_tensor_t* k,
+                                                    const fva_tensor_t* v,
+                                                    const fva_tensor_t* q2k_idx, size_t* bytes);
+FVA_API fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg,
+                                     const fva_tensor_t* q, const fva_tensor_t* k,
+                                     const fva_tensor_t* v, const fva_tensor_t* q2k_idx,
+                                     const fva_tensor_t* q2k_num, const fva_tensor_t* block_sizes,
+                                     const fva_tensor_t* o, const fva_tensor_t* lse, void* ws,
+                                     size_t ws_bytes, void* stream);
+FVA_API fva_status_t fva_vsa_backward_workspace_size(fva_handle_t h, const fva_vsa_config_t* cfg,
+                                                     const fva_tensor_t* q, const fva_tensor_t* k,
+                                                     const fva_tensor_t* v,
+                                                     const fva_tensor_t* q2k_idx, size_t* bytes);
+/* Backward: writes dq, dk, dv. It inverts the indices itself, in its workspace, so the result is
+ * deterministic; kv blocks nobody selects get exactly zero dk and dv. */
+FVA_API fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg,
+                                      const fva_tensor_t* q, const fva_tensor_t* k,
+                                      const fva_tensor_t* v, const fva_tensor_t* o,
+                                      const fva_tensor_t* lse, const fva_tensor_t* dout,
+                                      const fva_tensor_t* q2k_idx, const fva_tensor_t* q2k_num,
+                                      const fva_tensor_t* block_sizes, const fva_tensor_t* dq,
+                                      const fva_tensor_t* dk, const fva_tensor_t* dv, void* ws,
+                                      size_t ws_bytes, void* stream);
+
+/* The inverse of the q2k lists, for callers that cache it:
+ *   k2q_idx int32 [B, H, num_kv_blocks, num_q_blocks]: for each kv block, the q blocks that selected
+ *     it, ascending, each once; slots past the count are set to -1;
+ *   k2q_num int32 [B, H, num_kv_blocks].
+ * q2k_idx and q2k_num as for the forward (H = Hq). */
+FVA_API fva_status_t fva_vsa_invert_indices_workspace_size(fva_handle_t h,
+                                                           const fva_tensor_t* q2k_idx,
+                                                           const fva_tensor_t* k2q_idx,
+                                                           size_t* bytes);
+FVA_API fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,
+                                            const fva_tensor_t* q2k_num,
+                                            const fva_tensor_t* k2q_idx,
+                                            const fva_tensor_t* k2q_num, void* ws,
+                                            size_t ws_bytes, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FVATTN_FVATTN_H_ */

@@ -1,0 +1,130 @@
+// Rounding of fp32 values to the narrow formats fvattn stores or simulates: bf16 and fp16 (the
+// tensor dtypes), FP8 E4M3 (NVFP4 block scales) and FP4 E2M1 (NVFP4 elements).
+//
+// Everything is written with integer bit operations and comparisons, never with the hardware
+// conversion instructions, so that the CPU reference and every GPU architecture get the same bits.
+// (sm_100a/sm_120 have cvt.rn.satfinite.{e4m3x2,e2m1x2}.f32; SPEC.md section 1 says they agree with
+// these functions, and kernels may switch to them once a device test shows it bit for bit.)
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include "host_device.h"
+
+namespace fva {
+
+FVA_HD uint32_t float_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+FVA_HD float bits_float(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// ---- bf16 -----------------------------------------------------------------------------------------
+
+// fp32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN.
+FVA_HD uint16_t bf16_bits_from_float(float x) {
+  uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+FVA_HD float float_from_bf16_bits(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+FVA_HD float round_to_bf16(float x) { return float_from_bf16_bits(bf16_bits_from_float(x)); }
+
+// ---- fp16 -----------------------------------------------------------------------------------------
+
+// fp32 -> IEEE binary16 bits, round to nearest even, overflow to inf, subnormals kept.
+FVA_HD uint16_t f16_bits_from_float(float x) {
+  const uint32_t u = float_bits(x);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
+  if (a >= 0x38800000u) {                                              // normal half (>= 2^-14)
+    uint32_t r = a - 0x38000000u;                                      // rebias exponent 127 -> 15
+    r += 0xfffu + ((r >> 13) & 1u);
+    return static_cast<uint16_t>(sign | (r >> 13));
+  }
+  if (a < 0x33000000u) return sign;  // below 2^-25: rounds to zero (2^-25 itself ties to 0)
+  // Subnormal half: value = m * 2^-24 with m in [0, 1024); shift the full significand.
+  const uint32_t exp = a >> 23;
+  const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - exp;  // 14..24 for exp in [102, 112]
+  uint32_t m = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (m & 1u))) ++m;
+  return static_cast<uint16_t>(sign | m);
+}
+
+FVA_HD float float_from_f16_bits(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  // Subnormal or zero: mant * 2^-24, exact in fp32.
+  const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+  return sign ? -v : v;
+}
+
+FVA_HD float round_to_f16(float x) { return float_from_f16_bits(f16_bits_from_float(x)); }
+
+// ---- FP8 E4M3 (the "fn" variant: no inf, max 448) --------------------------------------------------
+
+constexpr float kE4M3Max = 448.0f;
+
+// Magnitude of x rounded to E4M3 with round-to-nearest-even and saturation to 448 (satfinite).
+// Subnormals are kept (step 2^-9); magnitudes at or below 2^-10 round to 0. NaN and inf saturate to
+// 448, which is what the NVFP4 scale of a group holding them needs (SPEC: such inputs saturate).
+FVA_HD float e4m3_round_magnitude(float x) {
+  const uint32_t a = float_bits(x) & 0x7fffffffu;
+  const float ax = bits_float(a);
+  if (!(ax <= kE4M3Max)) return kE4M3Max;  // > 448, inf, NaN
+  if (a < 0x3c800000u) {                    // below 2^-6: subnormal grid of 2^-9
+    // ax * 512 < 8 is exact; round half to even by hand (no dependence on the FP rounding mode).
+    const float t = ax * 512.0f;
+    float n = static_cast<float>(static_cast<int>(t));  // floor, t >= 0
+    const float frac = t - n;
+    if (frac > 0.5f || (frac == 0.5f && (static_cast<int>(n) & 1))) n += 1.0f;
+    return n * (1.0f / 512.0f);
+  }
+  // Normal: keep 3 mantissa bits, round the 20 dropped bits to nearest even.
+  uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+  r &= ~0xfffffu;
+  const float v = bits_float(r);
+  return v > kE4M3Max ? kE4M3Max : v;
+}
+
+// ---- FP4 E2M1 -------------------------------------------------------------------------------------
+
+constexpr float kE2M1Max = 6.0f;
+
+// y rounded to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} (with y's sign), nearest even code on a tie
+// (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; NaN and
+// inf give +-6. The sign of zero follows y (FastVideo's fake quantization keeps -0).
+FVA_HD float e2m1_round(float y) {
+  const uint32_t sign = float_bits(y) & 0x80000000u;
+  const float a = bits_float(float_bits(y) & 0x7fffffffu);
+  float q;
+  if (!(a <= 5.0f)) q = 6.0f;  // (5, inf], NaN
+  else if (a >= 3.5f) q = 4.0f;
+  else if (a >= 2.5f) q = a > 2.5f ? 3.0f : 2.0f;
+  else if (a >= 1.75f) q = 2.0f;
+  else if (a > 1.25f) q = 1.5f;
+  else if (a >= 0.75f) q = 1.0f;
+  else if (a > 0.25f) q = 0.5f;
+  else q = 0.0f;
+  return bits_float(float_bits(q) | sign);
+}
+
+}  // namespace fva

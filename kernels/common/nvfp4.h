@@ -1,0 +1,60 @@
+// NVFP4 fake quantization (SPEC.md section 1), shared by the CPU reference backend and every GPU
+// kernel: one implementation, so they agree bit for bit.
+//
+// A group is 16 consecutive values along the quantization axis. Its E4M3 scale is
+//     s = e4m3(amax / 6 * enc)
+// with enc the second-level encode factor (1 in block mode; 2688 / tile-or-row amax otherwise) and
+// dec = 1 / enc. Each value is encoded as e2m1(x * r) with r = 1 / (s * dec) computed from the
+// *rounded* s, and decoded as e2m1 * s * dec. A scale that rounds to 0 decodes the group to zeros.
+//
+// Usage, per group:
+//     float amax = 0; for (x in group, valid only) amax = nvfp4_amax_step(amax, x);
+//     Nvfp4Group g = nvfp4_group(amax, enc, dec);
+//     for (x in group) out = nvfp4_fake_quant(g, x);   // then round to the tensor dtype
+#pragma once
+
+#include "float_formats.h"
+
+namespace fva {
+
+constexpr int kNvfp4GroupSize = 16;
+// 448 (E4M3 max) * 6 (E2M1 max): the second-level scale maps the largest amax onto this value.
+constexpr float kNvfp4SecondLevelTarget = 2688.0f;
+// Floor on the second-level amax so an all-zero tile or row gives a finite factor.
+constexpr float kNvfp4AmaxFloor = 1e-8f;
+
+// Running max of |x| that ignores NaN (a NaN input must not poison its group's scale; it is itself
+// saturated to +-6 by e2m1_round).
+FVA_HD float nvfp4_amax_step(float amax, float x) {
+  const float a = bits_float(float_bits(x) & 0x7fffffffu);
+  return a > amax ? a : amax;
+}
+
+// Second-level encode factor of a tile (tile mode) or tile row (row mode) from its amax.
+// The CPU reference divides exactly; FastVideo's kernels use the approximate div.full.f32 here,
+// which can move a scale that sits on an E4M3 tie by one step (SPEC.md allows it).
+FVA_HD float nvfp4_second_level_enc(float amax) {
+  return kNvfp4SecondLevelTarget / (amax > kNvfp4AmaxFloor ? amax : kNvfp4AmaxFloor);
+}
+
+struct Nvfp4Group {
+  float scale;      // s * dec: what an E2M1 code is multiplied by to decode (0: all zeros)
+  float reciprocal; // r = 1 / (s * dec)
+};
+
+// The group's scale from its amax. enc = dec = 1 in block mode.
+FVA_HD Nvfp4Group nvfp4_group(float amax, float enc, float dec) {
+  const float s = e4m3_round_magnitude(amax / 6.0f * enc);
+  Nvfp4Group g;
+  g.scale = s * dec;
+  g.reciprocal = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+  return g;
+}
+
+// x fake-quantized with its group's scale, in fp32 (callers round to the tensor dtype).
+FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
+  if (!(g.scale > 0.0f)) return 0.0f;
+  return e2m1_round(x * g.reciprocal) * g.scale;
+}
+
+}  // namespace fva

@@ -1,0 +1,64 @@
+// The CPU reference backend's operations (SPEC.md, all of it). The API layer (src/api_*.cpp) checks
+// every argument and resolves defaults before calling these; they assume valid input and may throw
+// std::bad_alloc, which the API layer turns into FVA_ERR_OUT_OF_MEMORY.
+//
+// Each operation has a workspace function giving the bytes of host scratch it expects in `ws` (the
+// caller's workspace, 64-byte aligned by the API layer's contract of 16 plus the op's own padding).
+// Work runs on up to `threads` threads over independent (batch, head) units; results do not depend on
+// the thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "views.h"
+
+namespace fva::cpu {
+
+// QAT attention problem, resolved: cfg.softmax_scale already replaced by `scale`.
+struct QatProblem {
+  fva_qat_config_t cfg{};
+  float scale = 0.0f;
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;
+};
+
+size_t qat_forward_workspace(const QatProblem& p);
+// Writes o, lse and, when o_hp is not null, o_hp (only when cfg.high_precision_o).
+void qat_forward(const QatProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
+                 const AttnView& o, const AttnView* o_hp, const F32View& lse, void* ws,
+                 int threads);
+
+size_t qat_backward_workspace(const QatProblem& p);
+void qat_backward(const QatProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
+                  const AttnView& o_for_bwd, const F32View& lse, const AttnView& dout,
+                  const AttnView& dq, const AttnView& dk, const AttnView& dv, void* ws,
+                  int threads);
+
+// VSA problem: Sq = 64 * num_q_blocks, Skv = 64 * num_kv_blocks; max_k = q2k_idx.shape[3].
+struct VsaProblem {
+  float scale = 0.0f;
+  int64_t B = 0, Hq = 0, Hkv = 0, num_q_blocks = 0, num_kv_blocks = 0, max_k = 0, D = 0;
+};
+constexpr int64_t kVsaBlock = 64;
+
+size_t vsa_forward_workspace(const VsaProblem& p);
+void vsa_forward(const VsaProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
+                 const I32View& q2k_idx, const I32View& q2k_num, const I32View& block_sizes,
+                 const AttnView& o, const F32View& lse, void* ws, int threads);
+
+size_t vsa_backward_workspace(const VsaProblem& p);
+void vsa_backward(const VsaProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
+                  const AttnView& o, const F32View& lse, const AttnView& dout,
+                  const I32View& q2k_idx, const I32View& q2k_num, const I32View& block_sizes,
+                  const AttnView& dq, const AttnView& dk, const AttnView& dv, void* ws,
+                  int threads);
+
+// Inversion of the q2k lists (H = the heads of q2k_idx).
+struct VsaIndexProblem {
+  int64_t B = 0, H = 0, num_q_blocks = 0, num_kv_blocks = 0, max_k = 0;
+};
+size_t vsa_invert_indices_workspace(const VsaIndexProblem& p);
+void vsa_invert_indices(const VsaIndexProblem& p, const I32View& q2k_idx, const I32View& q2k_num,
+                        const I32View& k2q_idx, const I32View& k2q_num, void* ws, int threads);
+
+}  // namespace fva::cpu
