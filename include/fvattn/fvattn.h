@@ -219,6 +219,25 @@ FVA_API fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cf
                                       const fva_tensor_t* dv, void* ws, size_t ws_bytes,
                                       void* stream);
 
+/* NVFP4 fake quantization on its own: what QAT attention applies to q, k and v, exposed so callers
+ * can quantize other tensors (weights, activations) the same way, or inspect what attention saw. */
+typedef struct fva_nvfp4_config {
+  uint32_t struct_size; /* sizeof(fva_nvfp4_config_t) */
+  int32_t scale_mode;   /* FVA_SCALE_BLOCK or FVA_SCALE_TILE */
+  int32_t tile_tokens;  /* FVA_SCALE_TILE: tokens per second-level tile, >= 1 (QAT uses 32) */
+} fva_nvfp4_config_t;
+
+#define FVA_NVFP4_CONFIG_INIT {(uint32_t)sizeof(fva_nvfp4_config_t), FVA_SCALE_BLOCK, 32}
+
+/* y = NVFP4 fake quantization of x, in groups of 16 consecutive elements along the last dimension.
+ *   x, y [B, H, S, D], bf16 or f16 (the same dtype and shape), D a multiple of 16. In tile mode the
+ *   second-level scale is shared by tile_tokens consecutive tokens of one (b, h), counted from s = 0.
+ * y may be x itself (same data and strides: in place) but may not otherwise overlap it. No workspace.
+ * cfg NULL means FVA_NVFP4_CONFIG_INIT. Statuses as for QAT attention. */
+FVA_API fva_status_t fva_nvfp4_fake_quantize(fva_handle_t h, const fva_nvfp4_config_t* cfg,
+                                             const fva_tensor_t* x, const fva_tensor_t* y,
+                                             void* stream);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* VSA block-sparse attention                                                                      */
 /* ---------------------------------------------------------------------------------------------- */

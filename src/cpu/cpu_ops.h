@@ -15,6 +15,14 @@
 
 namespace fva::cpu {
 
+// NVFP4 fake quantization of a whole [B, H, S, D] tensor along D (fva_nvfp4_fake_quantize);
+// scale_mode FVA_SCALE_BLOCK or FVA_SCALE_TILE, tile_tokens >= 1. y may be x (in place).
+struct Nvfp4Problem {
+  int32_t scale_mode = FVA_SCALE_BLOCK;
+  int64_t tile_tokens = 32;
+};
+void nvfp4_fake_quantize(const Nvfp4Problem& p, const AttnView& x, const AttnView& y, int threads);
+
 // QAT attention problem, resolved: cfg.softmax_scale already replaced by `scale`.
 struct QatProblem {
   fva_qat_config_t cfg{};
