@@ -1,0 +1,113 @@
+// Handle creation: backend selection (AUTO, CUDA, CPU), device query, fva_get_info.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "checks.h"
+#include "cpu/parallel.h"
+#include "error.h"
+#include "handle.h"
+
+namespace fva {
+
+const fva_handle& checked_handle(fva_handle_t h) {
+  if (h == nullptr) fail(FVA_ERR_INVALID_ARGUMENT, "h: is NULL (create a handle with fva_create)");
+  return *h;
+}
+
+void require_backend_support(const fva_handle& h, const char* op) {
+  if (h.backend == FVA_BACKEND_CPU) return;
+  fail(FVA_ERR_UNSUPPORTED,
+       "{}: fvattn {}.{}.{} has no CUDA kernels yet (device {} \"{}\", sm_{}{}); create the handle "
+       "with FVA_BACKEND_CPU and pass host pointers to use the CPU reference backend",
+       op, FVA_VERSION_MAJOR, FVA_VERSION_MINOR, FVA_VERSION_PATCH, h.device.ordinal,
+       h.device.name, h.device.sm_major, h.device.sm_minor);
+}
+
+namespace {
+
+void init_cpu(fva_handle& h) {
+  h.backend = FVA_BACKEND_CPU;
+  h.threads = cpu::default_thread_count();
+  h.image = "cpu";
+}
+
+}  // namespace
+}  // namespace fva
+
+extern "C" {
+
+fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
+  if (out) *out = nullptr;
+  return fva::guard([&] {
+    using namespace fva;
+    check_not_null(out, "out");
+    fva_handle_options_t defaults = FVA_HANDLE_OPTIONS_INIT;
+    const fva_handle_options_t o =
+        read_config(opts, defaults, "opts", "fva_handle_options_t");
+    if (o.backend != FVA_BACKEND_AUTO && o.backend != FVA_BACKEND_CUDA &&
+        o.backend != FVA_BACKEND_CPU)
+      fail(FVA_ERR_INVALID_ARGUMENT,
+           "opts->backend is {} but must be FVA_BACKEND_AUTO (0), FVA_BACKEND_CUDA (1) or "
+           "FVA_BACKEND_CPU (2)",
+           o.backend);
+    if (o.device < -1)
+      fail(FVA_ERR_INVALID_ARGUMENT, "opts->device is {} but must be -1 (current) or >= 0",
+           o.device);
+    check_flag(o.deterministic, "opts->deterministic");
+
+    auto h = std::make_unique<fva_handle>();
+    h->deterministic = o.deterministic;
+    if (o.backend == FVA_BACKEND_CPU) {
+      init_cpu(*h);
+    } else {
+      std::string why;
+      if (cuda::query_device(o.device, &h->device, &why)) {
+        h->backend = FVA_BACKEND_CUDA;
+        h->image = "none";  // no kernel image is built into this release yet
+      } else if (o.backend == FVA_BACKEND_CUDA) {
+        fail(FVA_ERR_NO_DEVICE, "FVA_BACKEND_CUDA requested but no usable CUDA device: {}", why);
+      } else {
+        init_cpu(*h);  // AUTO on a machine without a driver or device
+      }
+    }
+    *out = h.release();
+  });
+}
+
+fva_status_t fva_destroy(fva_handle_t handle) {
+  delete handle;
+  return FVA_OK;
+}
+
+fva_status_t fva_get_info(fva_handle_t handle, fva_handle_info_t* info) {
+  return fva::guard([&] {
+    using namespace fva;
+    const fva_handle& h = checked_handle(handle);
+    check_not_null(info, "info");
+    if (info->struct_size < sizeof(fva_handle_info_t))
+      fail(FVA_ERR_INVALID_ARGUMENT,
+           "info->struct_size is {} but must be at least {} (sizeof(fva_handle_info_t) in ABI {})",
+           info->struct_size, sizeof(fva_handle_info_t), FVA_ABI_VERSION);
+    fva_handle_info_t r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.backend = h.backend;
+    if (h.backend == FVA_BACKEND_CUDA) {
+      r.device = h.device.ordinal;
+      r.sm_major = h.device.sm_major;
+      r.sm_minor = h.device.sm_minor;
+      r.sm_count = h.device.sm_count;
+      std::strncpy(r.device_name, h.device.name.c_str(), sizeof r.device_name - 1);
+    } else {
+      r.device = -1;
+      r.sm_count = h.threads;
+      std::strncpy(r.device_name, "CPU reference backend", sizeof r.device_name - 1);
+    }
+    std::strncpy(r.image, h.image.c_str(), sizeof r.image - 1);
+    std::memcpy(info, &r, sizeof r);  // struct_size becomes what this library filled
+  });
+}
+
+}  // extern "C"

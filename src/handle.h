@@ -1,0 +1,27 @@
+// What a handle holds: the backend it resolved to, and for CUDA the device it is bound to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/driver.h"
+#include "fvattn/fvattn.h"
+
+struct fva_handle {
+  int32_t backend = FVA_BACKEND_CPU;  // resolved: never FVA_BACKEND_AUTO
+  int32_t deterministic = 0;
+  int threads = 1;                    // CPU backend worker threads
+  fva::cuda::DeviceInfo device;       // CUDA backend only
+  std::string image = "cpu";          // kernel image in use ("none": no image fits the device)
+};
+
+namespace fva {
+
+// h is not null (FVA_ERR_INVALID_ARGUMENT otherwise).
+const fva_handle& checked_handle(fva_handle_t h);
+
+// Fails with FVA_ERR_UNSUPPORTED unless the handle's backend can run `op` (a public function name).
+// Called after every argument check, so bad arguments are reported the same way on every backend.
+void require_backend_support(const fva_handle& h, const char* op);
+
+}  // namespace fva
