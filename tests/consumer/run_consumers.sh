@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the build into a staging prefix, then builds and runs the downstream consumers against
+# that installation only: the C99 program (cc -std=c99 -pedantic -Werror), a find_package(fvattn)
+# CMake project, and a pkg-config link.
+set -euo pipefail
+build_dir="$1"; src_dir="$2"; cc="${3:-cc}"
+stage="$build_dir/consumer-stage"
+rm -rf "$stage" "$build_dir/consumer-fp"
+cmake --install "$build_dir" --prefix "$stage" >/dev/null
+libdir=$(dirname "$(find "$stage" -name 'libfvattn.so.1' | head -n1)")
+
+"$cc" -std=c99 -Wall -Wextra -Werror -pedantic -I"$stage/include" "$src_dir/c99_consumer.c" \
+  -L"$libdir" -lfvattn -lm -Wl,-rpath,"$libdir" -o "$build_dir/c99_consumer"
+"$build_dir/c99_consumer"
+
+cmake -S "$src_dir/find_package" -B "$build_dir/consumer-fp" -DCMAKE_PREFIX_PATH="$stage" \
+  -DCMAKE_BUILD_RPATH="$libdir" >/dev/null
+cmake --build "$build_dir/consumer-fp" >/dev/null
+"$build_dir/consumer-fp/consumer"
+
+PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --exists fvattn
+flags=$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs fvattn)
+echo "pkg-config fvattn: $flags"

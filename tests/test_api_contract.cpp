@@ -1,0 +1,616 @@
+// The API contract (ARCHITECTURE.md): every bad input gets its status and a message naming the
+// argument and the broken rule, and leaves every output untouched. Run on the CPU backend; the CUDA
+// driver is disabled for this process so the no-device path is exercised on every machine.
+#include <doctest/doctest.h>
+#include <fvattn/fvattn.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Before main(): the driver is opened once per process, on the first fva_create.
+const int g_cuda_disabled = setenv("FVATTN_DISABLE_CUDA", "1", 1);
+
+constexpr uint8_t kPoison = 0xA5;
+
+// A 64-byte aligned host allocation filled with the poison byte.
+struct Block {
+  std::shared_ptr<uint8_t> mem;
+  size_t bytes = 0;
+  explicit Block(size_t n) : bytes(n) {
+    mem.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (n + 63) / 64 * 64)), std::free);
+    std::memset(mem.get(), kPoison, n);
+  }
+  uint8_t* get() const { return mem.get(); }
+};
+
+size_t elem_size(int32_t dtype) { return dtype == FVA_DTYPE_BF16 || dtype == FVA_DTYPE_F16 ? 2 : 4; }
+
+// A contiguous tensor over its own block.
+struct T {
+  Block block{1};
+  fva_tensor_t d{};
+  T() = default;
+  T(int32_t dtype, std::vector<int64_t> shape) {
+    size_t n = elem_size(dtype);
+    for (int64_t s : shape) n *= static_cast<size_t>(s);
+    block = Block(n);
+    d.data = block.get();
+    d.dtype = dtype;
+    d.rank = static_cast<int32_t>(shape.size());
+    int64_t stride = 1;
+    for (int i = d.rank - 1; i >= 0; --i) {
+      d.shape[i] = shape[static_cast<size_t>(i)];
+      d.strides[i] = stride;
+      stride *= shape[static_cast<size_t>(i)];
+    }
+  }
+  // Fill with a valid value pattern (inputs must be finite for the calls that succeed).
+  void fill_inputs() {
+    if (d.dtype == FVA_DTYPE_I32) return;
+    if (d.dtype == FVA_DTYPE_F32) {
+      auto* p = reinterpret_cast<float*>(block.get());
+      for (size_t i = 0; i < block.bytes / 4; ++i) p[i] = 1.0f;
+      return;
+    }
+    auto* p = reinterpret_cast<uint16_t*>(block.get());
+    for (size_t i = 0; i < block.bytes / 2; ++i) p[i] = static_cast<uint16_t>(0x3c00 + (i % 7) * 64);
+  }
+};
+
+struct Handle {
+  fva_handle_t h = nullptr;
+  Handle() {
+    fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
+    o.backend = FVA_BACKEND_CPU;
+    REQUIRE(fva_create(&h, &o) == FVA_OK);
+  }
+  ~Handle() { fva_destroy(h); }
+};
+
+// Snapshot of output buffers, to prove a failed call wrote nothing.
+struct Snapshot {
+  std::vector<std::pair<const T*, std::vector<uint8_t>>> saved;
+  void add(const T& t) {
+    saved.emplace_back(&t, std::vector<uint8_t>(t.block.get(), t.block.get() + t.block.bytes));
+  }
+  bool unchanged() const {
+    for (auto& [t, bytes] : saved)
+      if (std::memcmp(t->block.get(), bytes.data(), bytes.size()) != 0) return false;
+    return true;
+  }
+};
+
+struct Expect {
+  fva_status_t status;
+  std::string message;  // a substring of fva_last_error()
+};
+
+void check_failure(fva_status_t got, const Expect& e, const Snapshot& outputs) {
+  CHECK_MESSAGE(got == e.status, "status ", fva_status_string(got), ", last error: ", fva_last_error());
+  const std::string msg = fva_last_error();
+  CHECK_MESSAGE(msg.find(e.message) != std::string::npos, "message \"", msg,
+                "\" lacks \"", e.message, "\"");
+  CHECK_MESSAGE(outputs.unchanged(), "an output was written by a failing call");
+}
+
+// ---- QAT forward fixture --------------------------------------------------------------------------
+
+struct QatFwd {
+  static constexpr int64_t B = 1, Hq = 2, Hkv = 1, S = 32, D = 16;
+  Handle handle;
+  fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
+  T q{FVA_DTYPE_BF16, {B, Hq, S, D}}, k{FVA_DTYPE_BF16, {B, Hkv, S, D}}, v{FVA_DTYPE_BF16, {B, Hkv, S, D}};
+  T o{FVA_DTYPE_BF16, {B, Hq, S, D}}, o_hp{FVA_DTYPE_BF16, {B, Hq, S, D}}, lse{FVA_DTYPE_F32, {B, Hq, S}};
+  fva_tensor_t tq, tk, tv, to, to_hp, tlse;
+  const fva_tensor_t* q_arg = &tq;
+  const fva_tensor_t* o_hp_arg;
+  fva_handle_t h;
+  const fva_qat_config_t* cfg_arg = &cfg;
+  size_t ws_bytes = 0;
+  std::unique_ptr<Block> ws;
+  void* ws_arg = nullptr;
+  QatFwd() {
+    q.fill_inputs(); k.fill_inputs(); v.fill_inputs();
+    tq = q.d; tk = k.d; tv = v.d; to = o.d; to_hp = o_hp.d; tlse = lse.d;
+    o_hp_arg = &to_hp;
+    h = handle.h;
+    REQUIRE(fva_qat_forward_workspace_size(h, &cfg, &tq, &tk, &tv, &ws_bytes) == FVA_OK);
+    ws = std::make_unique<Block>(ws_bytes + 64);
+    ws_arg = ws->get();
+  }
+  fva_status_t call() {
+    return fva_qat_forward(h, cfg_arg, q_arg, &tk, &tv, &to, o_hp_arg, &tlse, ws_arg, ws_bytes, nullptr);
+  }
+  Snapshot outputs() const {
+    Snapshot s;
+    s.add(o); s.add(o_hp); s.add(lse);
+    return s;
+  }
+};
+
+struct Case {
+  const char* name;
+  std::function<void(QatFwd&)> mutate;
+  Expect expect;
+};
+
+}  // namespace
+
+TEST_CASE("QAT forward: a valid call succeeds and overwrites every output") {
+  QatFwd f;
+  REQUIRE(f.call() == FVA_OK);
+  const auto* o = reinterpret_cast<const uint16_t*>(f.o.block.get());
+  const auto* lse = reinterpret_cast<const float*>(f.lse.block.get());
+  for (size_t i = 0; i < f.o.block.bytes / 2; ++i) REQUIRE(o[i] != 0xA5A5);
+  for (size_t i = 0; i < f.lse.block.bytes / 4; ++i) REQUIRE(std::isfinite(lse[i]));
+}
+
+TEST_CASE("QAT forward: bad inputs return their status and message and write nothing") {
+  const int64_t big = std::numeric_limits<int64_t>::max() / 2;
+  const std::vector<Case> cases = {
+      {"null handle", [](QatFwd& f) { f.h = nullptr; }, {FVA_ERR_INVALID_ARGUMENT, "h: is NULL"}},
+      {"null q", [](QatFwd& f) { f.q_arg = nullptr; }, {FVA_ERR_INVALID_ARGUMENT, "q: is NULL"}},
+      {"empty descriptor", [](QatFwd& f) { f.tq = fva_tensor_t{}; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: rank is 0 but must be 4 ([B, H, S, D])"}},
+      {"null data", [](QatFwd& f) { f.tk.data = nullptr; }, {FVA_ERR_INVALID_ARGUMENT, "k: data is NULL"}},
+      {"wrong dtype", [](QatFwd& f) { f.tq.dtype = FVA_DTYPE_F32; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: dtype is F32 (3) but must be BF16 or F16"}},
+      {"unknown dtype", [](QatFwd& f) { f.tq.dtype = 99; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: dtype is unknown (99)"}},
+      {"mixed dtypes", [](QatFwd& f) { f.tk.dtype = FVA_DTYPE_F16; },
+       {FVA_ERR_INVALID_ARGUMENT, "k: dtype is F16 but q.dtype is BF16"}},
+      {"wrong rank", [](QatFwd& f) { f.tv.rank = 3; }, {FVA_ERR_INVALID_ARGUMENT, "v: rank is 3 but must be 4"}},
+      {"k and v lengths differ", [](QatFwd& f) { f.tv.shape[2] = 16; },
+       {FVA_ERR_INVALID_ARGUMENT, "v: shape[2] is 16 but k.shape[2] is 32"}},
+      {"head dims differ", [](QatFwd& f) { f.tk.shape[3] = 32; f.tv.shape[3] = 32; },
+       {FVA_ERR_INVALID_ARGUMENT, "k: shape[3] is 32 but q.shape[3] is 16"}},
+      {"batch differs", [](QatFwd& f) { f.tk.shape[0] = 2; f.tv.shape[0] = 2; },
+       {FVA_ERR_INVALID_ARGUMENT, "k: shape[0] is 2 but q.shape[0] is 1"}},
+      {"GQA heads do not divide", [](QatFwd& f) { f.tq.shape[1] = 3; f.tk.shape[1] = 2; f.tv.shape[1] = 2; },
+       {FVA_ERR_INVALID_ARGUMENT, "k: shape[1] is 2 but must divide q.shape[1] = 3"}},
+      {"zero extent", [](QatFwd& f) { f.tq.shape[2] = 0; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: shape[2] is 0 but must be >= 1"}},
+      {"last stride not 1", [](QatFwd& f) { f.tq.strides[3] = 2; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: strides[3] is 2 but the last stride must be 1"}},
+      {"negative stride", [](QatFwd& f) { f.tk.strides[2] = -16; },
+       {FVA_ERR_INVALID_ARGUMENT, "k: strides[2] is -16 but strides must be >= 0"}},
+      {"overflowing strides", [big](QatFwd& f) { f.tq.strides[1] = big; },
+       {FVA_ERR_INVALID_ARGUMENT, "overflows 64-bit offsets"}},
+      {"byte offsets overflow", [](QatFwd& f) { f.tq.strides[1] = int64_t{1} << 62; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: shape [1, 2, 32, 16] with strides [1024, 4611686018427387904, 16, 1] overflows 64-bit offsets"}},
+      {"misaligned data", [](QatFwd& f) { f.tv.data = static_cast<char*>(f.tv.data) + 2; },
+       {FVA_ERR_INVALID_ARGUMENT, "is not 16-byte aligned"}},
+      {"row stride not 16-byte multiple", [](QatFwd& f) { f.tq.strides[2] = 17; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: strides[2] is 17 elements (34 bytes), not a multiple of 16 bytes"}},
+      {"unsupported head dim", [](QatFwd& f) {
+         for (auto* t : {&f.tq, &f.tk, &f.tv}) { t->shape[3] = 48; t->strides[2] = 48; t->strides[1] = 48 * 32; }
+       },
+       {FVA_ERR_UNSUPPORTED, "head dim shape[3] = 48 is not supported"}},
+      {"o wrong dtype", [](QatFwd& f) { f.to.dtype = FVA_DTYPE_F16; },
+       {FVA_ERR_INVALID_ARGUMENT, "o: dtype is F16 but q.dtype is BF16"}},
+      {"o wrong shape", [](QatFwd& f) { f.to.shape[2] = 31; },
+       {FVA_ERR_INVALID_ARGUMENT, "o: shape[2] is 31 but q.shape[2] is 32"}},
+      {"lse wrong dtype", [](QatFwd& f) { f.tlse.dtype = FVA_DTYPE_BF16; },
+       {FVA_ERR_INVALID_ARGUMENT, "lse: dtype is BF16 (1) but must be F32"}},
+      {"lse wrong rank", [](QatFwd& f) { f.tlse.rank = 4; f.tlse.shape[3] = 1; f.tlse.strides[3] = 1; },
+       {FVA_ERR_INVALID_ARGUMENT, "lse: rank is 4 but must be 3"}},
+      {"lse wrong length", [](QatFwd& f) { f.tlse.shape[2] = 31; },
+       {FVA_ERR_INVALID_ARGUMENT, "lse: shape[2] is 31 but q.shape[2] is 32"}},
+      {"o_hp missing", [](QatFwd& f) { f.o_hp_arg = nullptr; },
+       {FVA_ERR_INVALID_ARGUMENT, "o_hp: is NULL but cfg->high_precision_o is 1"}},
+      {"o_hp unexpected", [](QatFwd& f) { f.cfg.high_precision_o = 0; },
+       {FVA_ERR_INVALID_ARGUMENT, "o_hp: must be NULL when cfg->high_precision_o is 0"}},
+      {"o aliases q", [](QatFwd& f) { f.to.data = f.tq.data; },
+       {FVA_ERR_INVALID_ARGUMENT, "o: overlaps q"}},
+      {"o_hp overlaps o", [](QatFwd& f) { f.to_hp.data = static_cast<char*>(f.to.data) + 32; },
+       {FVA_ERR_INVALID_ARGUMENT, "o: overlaps o_hp"}},
+      {"self-overlapping output", [](QatFwd& f) { f.to.strides[1] = 0; },
+       {FVA_ERR_INVALID_ARGUMENT, "o: strides [1024, 0, 16, 1] with shape [1, 2, 32, 16] make different elements share memory"}},
+      {"workspace too small", [](QatFwd& f) { f.ws_bytes -= 1; },
+       {FVA_ERR_WORKSPACE_TOO_SMALL, "but this call needs"}},
+      {"workspace null", [](QatFwd& f) { f.ws_arg = nullptr; },
+       {FVA_ERR_INVALID_ARGUMENT, "ws: is NULL but this call needs"}},
+      {"workspace misaligned", [](QatFwd& f) { f.ws_arg = f.ws->get() + 4; },
+       {FVA_ERR_INVALID_ARGUMENT, "ws: "}},
+      {"cfg struct_size too small", [](QatFwd& f) { f.cfg.struct_size = 8; },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg: struct_size is 8 but must be at least 40"}},
+      {"cfg flag out of range", [](QatFwd& f) { f.cfg.causal = 2; },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->causal is 2 but must be 0 or 1"}},
+      {"cfg quantize out of range", [](QatFwd& f) { f.cfg.quantize = -1; },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->quantize is -1 but must be 0 or 1"}},
+      {"cfg qkv row scale", [](QatFwd& f) { f.cfg.qkv_scale = FVA_SCALE_ROW; },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->qkv_scale is 2 but must be FVA_SCALE_BLOCK (0) or FVA_SCALE_TILE (1)"}},
+      {"cfg p_scale out of range", [](QatFwd& f) { f.cfg.p_scale = 3; },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->p_scale is 3"}},
+      {"cfg negative scale", [](QatFwd& f) { f.cfg.softmax_scale = -1.0f; },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->softmax_scale is -1 but must be finite and > 0, or 0"}},
+      {"cfg NaN scale", [](QatFwd& f) { f.cfg.softmax_scale = std::nanf(""); },
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->softmax_scale is nan"}},
+  };
+  for (const Case& c : cases) {
+    SUBCASE(c.name) {
+      QatFwd f;
+      c.mutate(f);
+      const Snapshot before = f.outputs();
+      check_failure(f.call(), c.expect, before);
+    }
+  }
+}
+
+TEST_CASE("workspace queries: checked like the call, *bytes untouched on failure") {
+  QatFwd f;
+  size_t bytes = 12345;
+  f.tv.shape[2] = 7;
+  CHECK(fva_qat_forward_workspace_size(f.h, &f.cfg, &f.tq, &f.tk, &f.tv, &bytes) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(bytes == 12345);
+  CHECK(std::string(fva_last_error()).find("v: shape[2] is 7") != std::string::npos);
+  CHECK(fva_qat_backward_workspace_size(f.h, &f.cfg, &f.tq, &f.tk, &f.tv, nullptr) == FVA_ERR_INVALID_ARGUMENT);
+  f.tv.shape[2] = 32;
+  CHECK(fva_qat_backward_workspace_size(f.h, &f.cfg, &f.tq, &f.tk, &f.tv, nullptr) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(fva_last_error()) == "bytes: is NULL");
+  CHECK(fva_qat_forward_workspace_size(f.h, nullptr, &f.tq, &f.tk, &f.tv, &bytes) == FVA_OK);
+  CHECK(bytes == f.ws_bytes);  // cfg NULL is the production preset, the fixture's config
+}
+
+// ---- QAT backward ---------------------------------------------------------------------------------
+
+namespace {
+struct QatBwd {
+  static constexpr int64_t B = 1, Hq = 2, Hkv = 2, S = 32, D = 32;
+  Handle handle;
+  fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
+  T q{FVA_DTYPE_F16, {B, Hq, S, D}}, k{FVA_DTYPE_F16, {B, Hkv, S, D}}, v{FVA_DTYPE_F16, {B, Hkv, S, D}};
+  T o{FVA_DTYPE_F16, {B, Hq, S, D}}, lse{FVA_DTYPE_F32, {B, Hq, S}}, dout{FVA_DTYPE_F16, {B, Hq, S, D}};
+  T dq{FVA_DTYPE_F16, {B, Hq, S, D}}, dk{FVA_DTYPE_F16, {B, Hkv, S, D}}, dv{FVA_DTYPE_F16, {B, Hkv, S, D}};
+  fva_tensor_t tq, tk, tv, to, tlse, tdout, tdq, tdk, tdv;
+  size_t ws_bytes = 0;
+  std::unique_ptr<Block> ws;
+  QatBwd() {
+    for (T* t : {&q, &k, &v, &o, &lse, &dout}) t->fill_inputs();
+    tq = q.d; tk = k.d; tv = v.d; to = o.d; tlse = lse.d; tdout = dout.d; tdq = dq.d; tdk = dk.d; tdv = dv.d;
+    REQUIRE(fva_qat_backward_workspace_size(handle.h, &cfg, &tq, &tk, &tv, &ws_bytes) == FVA_OK);
+    ws = std::make_unique<Block>(ws_bytes + 64);
+  }
+  fva_status_t call() {
+    return fva_qat_backward(handle.h, &cfg, &tq, &tk, &tv, &to, &tlse, &tdout, &tdq, &tdk, &tdv,
+                            ws->get(), ws_bytes, nullptr);
+  }
+  Snapshot outputs() const {
+    Snapshot s;
+    s.add(dq); s.add(dk); s.add(dv);
+    return s;
+  }
+};
+}  // namespace
+
+TEST_CASE("QAT backward: bad inputs") {
+  struct BwdCase {
+    const char* name;
+    std::function<void(QatBwd&)> mutate;
+    Expect expect;
+  };
+  const std::vector<BwdCase> cases = {
+      {"valid call", [](QatBwd&) {}, {FVA_OK, ""}},
+      {"dk wrong shape", [](QatBwd& f) { f.tdk.shape[2] = 16; },
+       {FVA_ERR_INVALID_ARGUMENT, "dk: shape[2] is 16 but k.shape[2] is 32"}},
+      {"dout wrong dtype", [](QatBwd& f) { f.tdout.dtype = FVA_DTYPE_BF16; },
+       {FVA_ERR_INVALID_ARGUMENT, "dout: dtype is BF16 but q.dtype is F16"}},
+      {"o_for_bwd wrong shape", [](QatBwd& f) { f.to.shape[1] = 1; },
+       {FVA_ERR_INVALID_ARGUMENT, "o_for_bwd: shape[1] is 1 but q.shape[1] is 2"}},
+      {"lse wrong batch", [](QatBwd& f) { f.tlse.shape[0] = 2; },
+       {FVA_ERR_INVALID_ARGUMENT, "lse: shape[0] is 2 but q.shape[0] is 1"}},
+      {"dq aliases dout", [](QatBwd& f) { f.tdq.data = f.tdout.data; },
+       {FVA_ERR_INVALID_ARGUMENT, "dq: overlaps dout"}},
+      {"dv aliases dk", [](QatBwd& f) { f.tdv.data = f.tdk.data; },
+       {FVA_ERR_INVALID_ARGUMENT, "dk: overlaps dv"}},
+      {"workspace too small", [](QatBwd& f) { f.ws_bytes /= 2; },
+       {FVA_ERR_WORKSPACE_TOO_SMALL, "see fva_qat_backward_workspace_size"}},
+  };
+  for (const BwdCase& c : cases) {
+    SUBCASE(c.name) {
+      QatBwd f;
+      c.mutate(f);
+      const Snapshot before = f.outputs();
+      if (c.expect.status == FVA_OK) {
+        CHECK_MESSAGE(f.call() == FVA_OK, fva_last_error());
+        CHECK_FALSE(before.unchanged());
+      } else {
+        check_failure(f.call(), c.expect, before);
+      }
+    }
+  }
+}
+
+TEST_CASE("packed outputs: dq, dk, dv interleaved in one [B, S, 3, H, D] buffer are accepted") {
+  QatBwd f;
+  // One buffer laid out [B, S, 3, H, D]; dq, dk, dv are its three slices (strides in BHSD order).
+  const int64_t B = 1, S = 32, H = 2, D = 32;
+  Block packed(static_cast<size_t>(B * S * 3 * H * D * 2));
+  for (int j = 0; j < 3; ++j) {
+    fva_tensor_t& t = j == 0 ? f.tdq : j == 1 ? f.tdk : f.tdv;
+    t.data = packed.get() + static_cast<size_t>(j * H * D * 2);
+    t.strides[0] = S * 3 * H * D;
+    t.strides[1] = D;
+    t.strides[2] = 3 * H * D;
+    t.strides[3] = 1;
+  }
+  CHECK_MESSAGE(f.call() == FVA_OK, fva_last_error());
+  // Moving dk onto dq's slot of the packed buffer makes them share memory: now rejected.
+  f.tdk.data = f.tdq.data;
+  CHECK(f.call() == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(fva_last_error()).find("overlaps") != std::string::npos);
+}
+
+// ---- VSA ------------------------------------------------------------------------------------------
+
+namespace {
+struct Vsa {
+  static constexpr int64_t B = 1, H = 2, NQ = 2, NKV = 3, MAXK = 2, D = 64;
+  Handle handle;
+  fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  T q{FVA_DTYPE_BF16, {B, H, NQ * 64, D}}, k{FVA_DTYPE_BF16, {B, H, NKV * 64, D}}, v{FVA_DTYPE_BF16, {B, H, NKV * 64, D}};
+  T idx{FVA_DTYPE_I32, {B, H, NQ, MAXK}}, num{FVA_DTYPE_I32, {B, H, NQ}}, sizes{FVA_DTYPE_I32, {NKV}};
+  T o{FVA_DTYPE_BF16, {B, H, NQ * 64, D}}, lse{FVA_DTYPE_F32, {B, H, NQ * 64}};
+  T dout{FVA_DTYPE_BF16, {B, H, NQ * 64, D}};
+  T dq{FVA_DTYPE_BF16, {B, H, NQ * 64, D}}, dk{FVA_DTYPE_BF16, {B, H, NKV * 64, D}}, dv{FVA_DTYPE_BF16, {B, H, NKV * 64, D}};
+  T k2q_idx{FVA_DTYPE_I32, {B, H, NKV, NQ}}, k2q_num{FVA_DTYPE_I32, {B, H, NKV}};
+  fva_tensor_t tq, tk, tv, tidx, tnum, tsizes, to, tlse, tdout, tdq, tdk, tdv, tk2q_idx, tk2q_num;
+  Vsa() {
+    for (T* t : {&q, &k, &v, &dout}) t->fill_inputs();
+    auto* pi = reinterpret_cast<int32_t*>(idx.block.get());
+    auto* pn = reinterpret_cast<int32_t*>(num.block.get());
+    auto* ps = reinterpret_cast<int32_t*>(sizes.block.get());
+    for (int i = 0; i < B * H * NQ; ++i) { pi[2 * i] = 0; pi[2 * i + 1] = 2; pn[i] = 2; }
+    ps[0] = 64; ps[1] = 64; ps[2] = 17;
+    tq = q.d; tk = k.d; tv = v.d; tidx = idx.d; tnum = num.d; tsizes = sizes.d; to = o.d; tlse = lse.d;
+    tdout = dout.d; tdq = dq.d; tdk = dk.d; tdv = dv.d; tk2q_idx = k2q_idx.d; tk2q_num = k2q_num.d;
+  }
+  fva_status_t forward() {
+    size_t bytes = 0;
+    fva_status_t s = fva_vsa_forward_workspace_size(handle.h, &cfg, &tq, &tk, &tv, &tidx, &bytes);
+    if (s != FVA_OK) return s;
+    Block ws(bytes + 16);
+    return fva_vsa_forward(handle.h, &cfg, &tq, &tk, &tv, &tidx, &tnum, &tsizes, &to, &tlse,
+                           bytes ? ws.get() : nullptr, bytes, nullptr);
+  }
+  fva_status_t backward(size_t shrink = 0) {
+    size_t bytes = 0;
+    fva_status_t s = fva_vsa_backward_workspace_size(handle.h, &cfg, &tq, &tk, &tv, &tidx, &bytes);
+    if (s != FVA_OK) return s;
+    Block ws(bytes + 16);
+    return fva_vsa_backward(handle.h, &cfg, &tq, &tk, &tv, &to, &tlse, &tdout, &tidx, &tnum, &tsizes,
+                            &tdq, &tdk, &tdv, ws.get(), bytes - shrink, nullptr);
+  }
+  fva_status_t invert() {
+    size_t bytes = 0;
+    fva_status_t s = fva_vsa_invert_indices_workspace_size(handle.h, &tidx, &tk2q_idx, &bytes);
+    if (s != FVA_OK) return s;
+    Block ws(bytes + 16);
+    return fva_vsa_invert_indices(handle.h, &tidx, &tnum, &tk2q_idx, &tk2q_num,
+                                  bytes ? ws.get() : nullptr, bytes, nullptr);
+  }
+  Snapshot outputs() const {
+    Snapshot s;
+    for (const T* t : {&o, &lse, &dq, &dk, &dv, &k2q_idx, &k2q_num}) s.add(*t);
+    return s;
+  }
+};
+
+struct VsaCase {
+  const char* name;
+  std::function<void(Vsa&)> mutate;
+  std::function<fva_status_t(Vsa&)> call;
+  Expect expect;
+};
+}  // namespace
+
+TEST_CASE("VSA: bad inputs") {
+  auto fwd = [](Vsa& f) { return f.forward(); };
+  auto bwd = [](Vsa& f) { return f.backward(); };
+  auto inv = [](Vsa& f) { return f.invert(); };
+  const std::vector<VsaCase> cases = {
+      {"q length not a multiple of 64", [](Vsa& f) { f.tq.shape[2] = 100; f.tlse.shape[2] = 100; f.to.shape[2] = 100; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q: shape[2] is 100 but VSA needs a multiple of 64"}},
+      {"unsupported head dim", [](Vsa& f) { for (auto* t : {&f.tq, &f.tk, &f.tv}) t->shape[3] = 32; }, fwd,
+       {FVA_ERR_UNSUPPORTED, "VSA needs D = 64 or 128"}},
+      {"block size not 64", [](Vsa& f) { f.cfg.block_size = 32; }, fwd,
+       {FVA_ERR_UNSUPPORTED, "cfg->block_size is 32 but only 64 is supported"}},
+      {"block size zero", [](Vsa& f) { f.cfg.block_size = 0; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->block_size is 0 but must be positive"}},
+      {"cfg struct_size", [](Vsa& f) { f.cfg.struct_size = 4; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg: struct_size is 4 but must be at least 12"}},
+      {"q2k_idx int64", [](Vsa& f) { f.tidx.dtype = FVA_DTYPE_I64; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_idx: dtype is I64 (5) but must be I32"}},
+      {"q2k_idx wrong block count", [](Vsa& f) { f.tidx.shape[2] = 3; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_idx: shape[2] is 3 but must be 2 (num_q_blocks = q.shape[2] / 64)"}},
+      {"q2k_num wrong shape", [](Vsa& f) { f.tnum.shape[1] = 1; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_num: shape[1] is 1 but q2k_idx.shape[1] is 2"}},
+      {"block_sizes wrong length", [](Vsa& f) { f.tsizes.shape[0] = 2; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "block_sizes: shape[0] is 2 but must be 3 (num_kv_blocks = k.shape[2] / 64)"}},
+      {"block_sizes rank", [](Vsa& f) { f.tsizes.rank = 2; f.tsizes.shape[1] = 1; f.tsizes.strides[1] = 1; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "block_sizes: rank is 2 but must be 1"}},
+      {"lse overlaps o", [](Vsa& f) { f.tlse.data = f.to.data; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "o: overlaps lse"}},
+      {"o overlaps metadata", [](Vsa& f) { f.to.data = f.tidx.data; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "o: overlaps q2k_idx"}},
+      {"dv wrong shape", [](Vsa& f) { f.tdv.shape[2] = 128; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dv: shape[2] is 128 but v.shape[2] is 192"}},
+      {"backward workspace too small", [](Vsa&) {}, [](Vsa& f) { return f.backward(1); },
+       {FVA_ERR_WORKSPACE_TOO_SMALL, "see fva_vsa_backward_workspace_size"}},
+      {"k2q_idx wrong width", [](Vsa& f) { f.tk2q_idx.shape[3] = 3; }, inv,
+       {FVA_ERR_INVALID_ARGUMENT, "k2q_idx: shape[3] is 3 but q2k_idx.shape[2] is 2"}},
+      {"k2q_num wrong shape", [](Vsa& f) { f.tk2q_num.shape[2] = 2; }, inv,
+       {FVA_ERR_INVALID_ARGUMENT, "k2q_num: shape[2] is 2 but k2q_idx.shape[2] is 3"}},
+      {"k2q_num overlaps k2q_idx", [](Vsa& f) { f.tk2q_num.data = f.tk2q_idx.data; }, inv,
+       {FVA_ERR_INVALID_ARGUMENT, "k2q_idx: overlaps k2q_num"}},
+  };
+  for (const VsaCase& c : cases) {
+    SUBCASE(c.name) {
+      Vsa f;
+      c.mutate(f);
+      const Snapshot before = f.outputs();
+      check_failure(c.call(f), c.expect, before);
+    }
+  }
+}
+
+TEST_CASE("VSA: valid calls succeed; q2k_idx entries out of range are skipped, not read") {
+  Vsa f;
+  auto* pi = reinterpret_cast<int32_t*>(f.idx.block.get());
+  pi[1] = 1000;  // out of range: skipped
+  pi[3] = -5;
+  CHECK_MESSAGE(f.forward() == FVA_OK, fva_last_error());
+  CHECK_MESSAGE(f.backward() == FVA_OK, fva_last_error());
+  CHECK_MESSAGE(f.invert() == FVA_OK, fva_last_error());
+  const auto* lse = reinterpret_cast<const float*>(f.lse.block.get());
+  for (int i = 0; i < Vsa::B * Vsa::H * Vsa::NQ * 64; ++i) CHECK(std::isfinite(lse[i]));
+}
+
+// ---- NVFP4 ----------------------------------------------------------------------------------------
+
+TEST_CASE("NVFP4 fake quantization: checks, and in place is allowed") {
+  Handle handle;
+  T x{FVA_DTYPE_BF16, {1, 1, 32, 32}}, y{FVA_DTYPE_BF16, {1, 1, 32, 32}};
+  x.fill_inputs();
+  fva_nvfp4_config_t cfg = FVA_NVFP4_CONFIG_INIT;
+  Snapshot ys;
+  ys.add(y);
+  fva_tensor_t tx = x.d, ty = y.d;
+
+  SUBCASE("D not a multiple of 16") {
+    tx.shape[3] = ty.shape[3] = 24;
+    check_failure(fva_nvfp4_fake_quantize(handle.h, &cfg, &tx, &ty, nullptr),
+                  {FVA_ERR_INVALID_ARGUMENT, "x: shape[3] is 24 but must be a multiple of 16"}, ys);
+  }
+  SUBCASE("row scale mode") {
+    cfg.scale_mode = FVA_SCALE_ROW;
+    check_failure(fva_nvfp4_fake_quantize(handle.h, &cfg, &tx, &ty, nullptr),
+                  {FVA_ERR_INVALID_ARGUMENT, "cfg->scale_mode is 2"}, ys);
+  }
+  SUBCASE("tile of zero tokens") {
+    cfg.scale_mode = FVA_SCALE_TILE;
+    cfg.tile_tokens = 0;
+    check_failure(fva_nvfp4_fake_quantize(handle.h, &cfg, &tx, &ty, nullptr),
+                  {FVA_ERR_INVALID_ARGUMENT, "cfg->tile_tokens is 0 but must be >= 1"}, ys);
+  }
+  SUBCASE("partial overlap") {
+    ty.data = static_cast<char*>(tx.data) + 64;
+    ty.shape[2] = 16;
+    tx.shape[2] = 16;
+    Snapshot xs;
+    xs.add(x);
+    check_failure(fva_nvfp4_fake_quantize(handle.h, &cfg, &tx, &ty, nullptr),
+                  {FVA_ERR_INVALID_ARGUMENT, "y: overlaps x"}, xs);
+  }
+  SUBCASE("in place equals out of place") {
+    REQUIRE(fva_nvfp4_fake_quantize(handle.h, nullptr, &tx, &ty, nullptr) == FVA_OK);
+    REQUIRE(fva_nvfp4_fake_quantize(handle.h, nullptr, &tx, &tx, nullptr) == FVA_OK);
+    CHECK(std::memcmp(x.block.get(), y.block.get(), x.block.bytes) == 0);
+  }
+}
+
+// ---- handles, statuses, errors ------------------------------------------------------------------
+
+TEST_CASE("handles: options are checked; CUDA without a driver is FVA_ERR_NO_DEVICE; AUTO falls back") {
+  (void)g_cuda_disabled;
+  fva_handle_t h = reinterpret_cast<fva_handle_t>(0x1);
+  CHECK(fva_create(nullptr, nullptr) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(fva_last_error()) == "out: is NULL");
+
+  fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
+  o.struct_size = 4;
+  CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(h == nullptr);
+  CHECK(std::string(fva_last_error()).find("opts: struct_size is 4 but must be at least 16") == 0);
+
+  o = FVA_HANDLE_OPTIONS_INIT;
+  o.backend = 7;
+  CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(fva_last_error()).find("opts->backend is 7") == 0);
+  o.backend = FVA_BACKEND_CPU;
+  o.device = -2;
+  CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+  o.device = -1;
+  o.deterministic = 3;
+  CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+
+  o = FVA_HANDLE_OPTIONS_INIT;
+  o.backend = FVA_BACKEND_CUDA;
+  CHECK(fva_create(&h, &o) == FVA_ERR_NO_DEVICE);
+  CHECK(h == nullptr);
+  CHECK(std::string(fva_last_error()).find("FVA_BACKEND_CUDA requested but no usable CUDA device") == 0);
+
+  REQUIRE(fva_create(&h, nullptr) == FVA_OK);  // AUTO
+  fva_handle_info_t info;
+  info.struct_size = 8;
+  CHECK(fva_get_info(h, &info) == FVA_ERR_INVALID_ARGUMENT);
+  info.struct_size = sizeof info;
+  REQUIRE(fva_get_info(h, &info) == FVA_OK);
+  CHECK(info.backend == FVA_BACKEND_CPU);
+  CHECK(info.device == -1);
+  CHECK(std::string(info.image) == "cpu");
+  CHECK(info.sm_count >= 1);
+  CHECK(fva_get_info(nullptr, &info) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(fva_get_info(h, nullptr) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(fva_destroy(h) == FVA_OK);
+  CHECK(fva_destroy(nullptr) == FVA_OK);
+}
+
+TEST_CASE("statuses and versions") {
+  const char* names[] = {"FVA_OK", "FVA_ERR_INVALID_ARGUMENT", "FVA_ERR_UNSUPPORTED",
+                         "FVA_ERR_WORKSPACE_TOO_SMALL", "FVA_ERR_NO_DEVICE", "FVA_ERR_CUDA",
+                         "FVA_ERR_OUT_OF_MEMORY", "FVA_ERR_INTERNAL"};
+  for (int s = 0; s < 8; ++s) CHECK(std::string(fva_status_string(s)) == names[s]);
+  CHECK(std::string(fva_status_string(8)) == "unknown status");
+  CHECK(std::string(fva_status_string(-1)) == "unknown status");
+  CHECK(fva_version() == FVA_VERSION_MAJOR * 10000 + FVA_VERSION_MINOR * 100 + FVA_VERSION_PATCH);
+  CHECK(fva_abi_version() == 1);
+}
+
+TEST_CASE("the last error is per thread and survives successful calls") {
+  CHECK(fva_create(nullptr, nullptr) == FVA_ERR_INVALID_ARGUMENT);
+  std::string other;
+  std::thread t([&] { other = fva_last_error(); });
+  t.join();
+  CHECK(other.empty());
+  CHECK(std::string(fva_last_error()) == "out: is NULL");
+  CHECK(fva_abi_version() == 1);
+  CHECK(std::string(fva_last_error()) == "out: is NULL");
+}
+
+TEST_CASE("ABI: struct layouts and constants are the published ones") {
+  // These are the contract outside clients compile against (ARCHITECTURE.md); a change here is an ABI break.
+  CHECK(sizeof(fva_tensor_t) == 8 + 4 + 4 + 6 * 8 + 6 * 8);
+  CHECK(offsetof(fva_tensor_t, shape) == 16);
+  CHECK(offsetof(fva_tensor_t, strides) == 64);
+  CHECK(sizeof(fva_handle_options_t) == 16);
+  CHECK(sizeof(fva_qat_config_t) == 40);
+  CHECK(offsetof(fva_qat_config_t, softmax_scale) == 4);
+  CHECK(offsetof(fva_qat_config_t, quantized_qkv_backward) == 36);
+  CHECK(sizeof(fva_vsa_config_t) == 12);
+  CHECK(sizeof(fva_nvfp4_config_t) == 12);
+  CHECK(sizeof(fva_handle_info_t) == 4 * 6 + 16 + 256);
+  CHECK(FVA_DTYPE_BF16 == 1);
+  CHECK(FVA_DTYPE_I64 == 5);
+  CHECK(FVA_ERR_INTERNAL == 7);
+  const fva_qat_config_t c = FVA_QAT_CONFIG_INIT;
+  CHECK(c.quantize == 1);
+  CHECK(c.causal == 0);
+  CHECK(c.smooth_k == 0);
+  CHECK(c.qkv_scale == FVA_SCALE_BLOCK);
+  CHECK(c.p_scale == FVA_SCALE_BLOCK);
+  CHECK(c.quantize_p_backward == 1);
+  CHECK(c.high_precision_o == 1);
+  CHECK(c.quantized_qkv_backward == 1);
+}

@@ -1,0 +1,486 @@
+// The fvattn command line.
+//   fvattn info   what this library is and what it runs on (version, ABI, backend, device or why none)
+//   fvattn demo   the main job: QAT and VSA attention forward and backward, checked against the
+//                 independent float64 reference (tools/reference64), timed, printed as a table
+// It uses only the public C API, like any client.
+#include <fmt/format.h>
+#include <fvattn/fvattn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference64.h"
+
+namespace {
+
+// ---- small helpers ----------------------------------------------------------------------------------
+
+[[noreturn]] void die(const std::string& what, fva_status_t st) {
+  fmt::print(stderr, "fvattn: {} failed: {}: {}\n", what, fva_status_string(st), fva_last_error());
+  std::exit(2);
+}
+
+void check(fva_status_t st, const char* what) {
+  if (st != FVA_OK) die(what, st);
+}
+
+const char* backend_name(int32_t b) {
+  return b == FVA_BACKEND_CUDA ? "CUDA" : b == FVA_BACKEND_CPU ? "CPU" : "AUTO";
+}
+
+// A host buffer, 64-byte aligned (the API asks for 16).
+struct Buffer {
+  std::unique_ptr<unsigned char, decltype(&std::free)> mem{nullptr, &std::free};
+  size_t bytes = 0;
+  explicit Buffer(size_t n = 0) : bytes(n) {
+    if (n) mem.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (n + 63) / 64 * 64)));
+  }
+  void* get() const { return mem.get(); }
+};
+
+// A contiguous host tensor with its descriptor.
+struct HostTensor {
+  Buffer buf;
+  fva_tensor_t desc{};
+  HostTensor(int32_t dtype, size_t elem_size, std::vector<int64_t> shape)
+      : buf([&] {
+          size_t n = elem_size;
+          for (int64_t s : shape) n *= static_cast<size_t>(s);
+          return n;
+        }()) {
+    desc.data = buf.get();
+    desc.dtype = dtype;
+    desc.rank = static_cast<int32_t>(shape.size());
+    int64_t stride = 1;
+    for (int i = desc.rank - 1; i >= 0; --i) {
+      desc.shape[i] = shape[static_cast<size_t>(i)];
+      desc.strides[i] = stride;
+      stride *= shape[static_cast<size_t>(i)];
+    }
+    std::memset(buf.get(), 0xff, buf.bytes);  // poison: NaN for every float type
+  }
+  size_t numel() const {
+    size_t n = 1;
+    for (int i = 0; i < desc.rank; ++i) n *= static_cast<size_t>(desc.shape[i]);
+    return n;
+  }
+};
+
+uint16_t bf16_bits_of_representable(double x) {  // x already a bf16 value: truncation is exact
+  const float f = static_cast<float>(x);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+double double_of_bf16_bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// A bf16 attention tensor filled with N(0, 1) values, and the same values as a reference tensor.
+struct Operand {
+  HostTensor t;
+  ref64::Tensor ref;
+  Operand(ref64::Shape s, std::mt19937_64& rng, bool random = true)
+      : t(FVA_DTYPE_BF16, 2, {s.B, s.H, s.S, s.D}), ref(s) {
+    std::normal_distribution<double> normal;
+    auto* p = static_cast<uint16_t*>(t.buf.get());
+    for (size_t i = 0; i < ref.data.size(); ++i) {
+      if (!random) continue;
+      ref.data[i] = ref64::round_bf16(normal(rng));
+      p[i] = bf16_bits_of_representable(ref.data[i]);
+    }
+  }
+  std::vector<double> values() const {
+    const auto* p = static_cast<const uint16_t*>(t.buf.get());
+    std::vector<double> v(t.numel());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = double_of_bf16_bits(p[i]);
+    return v;
+  }
+};
+
+std::vector<double> f32_values(const HostTensor& t) {
+  const auto* p = static_cast<const float*>(t.buf.get());
+  return std::vector<double>(p, p + t.numel());
+}
+
+// Relative L2 error; NaN (never a pass) when either side has a NaN. Entries where both are -inf
+// (empty rows' lse) agree and are left out; one-sided infinities give NaN.
+double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(got[i]) && std::isinf(want[i]) && got[i] == want[i]) continue;
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) return NAN;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Median wall time of `runs` calls of fn, in milliseconds.
+double time_ms(int runs, const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Row {
+  std::string op;
+  double ms;
+  double gflop;  // algorithmic FLOPs of the op (ARCHITECTURE.md conventions)
+  std::vector<std::pair<std::string, double>> errors;
+  double tolerance_for(const std::string& name) const { return name == "lse" ? 1e-3 : 1e-2; }
+  bool pass() const {
+    for (auto& [name, e] : errors)
+      if (!(e <= tolerance_for(name))) return false;
+    return true;
+  }
+};
+
+// ---- info ---------------------------------------------------------------------------------------------
+
+int cmd_info() {
+  fmt::print("fvattn {}.{}.{} (library {}, ABI {}; header ABI {})\n", FVA_VERSION_MAJOR,
+             FVA_VERSION_MINOR, FVA_VERSION_PATCH, fva_version(), fva_abi_version(), FVA_ABI_VERSION);
+  fva_handle_t h = nullptr;
+  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
+  opts.backend = FVA_BACKEND_CUDA;
+  if (fva_create(&h, &opts) == FVA_OK) {
+    fva_handle_info_t info;
+    info.struct_size = sizeof info;
+    check(fva_get_info(h, &info), "fva_get_info");
+    fmt::print("CUDA device {}: {} (sm_{}{}, {} SMs)\n", info.device, info.device_name,
+               info.sm_major, info.sm_minor, info.sm_count);
+    fmt::print("CUDA kernel image: {} (this release has no CUDA kernels yet; CUDA handles return "
+               "FVA_ERR_UNSUPPORTED for every operation)\n",
+               info.image);
+    fva_destroy(h);
+  } else {
+    fmt::print("CUDA: unavailable: {}\n", fva_last_error());
+  }
+  check(fva_create(&h, nullptr), "fva_create(AUTO)");
+  fva_handle_info_t info;
+  info.struct_size = sizeof info;
+  check(fva_get_info(h, &info), "fva_get_info");
+  fmt::print("default backend (FVA_BACKEND_AUTO): {} ({})\n", backend_name(info.backend),
+             info.device_name);
+  fva_destroy(h);
+  opts.backend = FVA_BACKEND_CPU;
+  check(fva_create(&h, &opts), "fva_create(CPU)");
+  check(fva_get_info(h, &info), "fva_get_info");
+  fmt::print("CPU reference backend: {} worker threads (set FVATTN_NUM_THREADS to change)\n",
+             info.sm_count);
+  fva_destroy(h);
+  fmt::print("\ndispatch table:\n");
+  fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "op", "backend", "dtype", "head dim", "kernel");
+  for (const char* op : {"qat_forward", "qat_backward", "vsa_forward", "vsa_backward",
+                         "vsa_invert_indices", "nvfp4_fake_quantize"}) {
+    const bool vsa = std::strncmp(op, "vsa", 3) == 0;
+    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", op, "CPU", "bf16, f16",
+               vsa ? (std::strcmp(op, "vsa_invert_indices") == 0 ? "-" : "64, 128")
+                   : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16"
+                                                                  : "16,32,64,128,256"),
+               "reference (src/cpu)");
+    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "", "CUDA", "-", "-", "none yet");
+  }
+  return 0;
+}
+
+// ---- demo ---------------------------------------------------------------------------------------------
+
+struct DemoShape {
+  int64_t B = 1, H = 2, S = 1024, D = 128;
+};
+
+Row demo_qat(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, bool backward,
+             int runs, const char* name) {
+  const ref64::Shape shape{s.B, s.H, s.S, s.D};
+  Operand q(shape, rng), k(shape, rng), v(shape, rng), dout(shape, rng);
+  Operand o(shape, rng, false), o_hp(shape, rng, false);
+  HostTensor lse(FVA_DTYPE_F32, 4, {s.B, s.H, s.S});
+  const fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;  // FastVideo's production preset
+
+  size_t fwd_bytes = 0;
+  check(fva_qat_forward_workspace_size(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &fwd_bytes),
+        "fva_qat_forward_workspace_size");
+  Buffer ws(fwd_bytes);
+  auto forward = [&] {
+    check(fva_qat_forward(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &o.t.desc, &o_hp.t.desc,
+                          &lse.desc, ws.get(), ws.bytes, nullptr),
+          "fva_qat_forward");
+  };
+  ref64::QatConfig rc;  // the same preset, field by field
+  const double flop_fwd = 4.0 * s.B * s.H * s.S * s.S * s.D;
+  fmt::print(stderr, "  {}: running the library ...\n", name);
+  Row row;
+  row.op = name;
+  if (!backward) {
+    row.ms = time_ms(runs, forward);
+    row.gflop = flop_fwd * 1e-9;
+    fmt::print(stderr, "  {}: running the float64 reference ...\n", name);
+    const ref64::QatForward ref = ref64::qat_forward(rc, ref64::DType::BF16, q.ref, k.ref, v.ref);
+    row.errors = {{"o", rel_l2(o.values(), ref.o.data)},
+                  {"o_hp", rel_l2(o_hp.values(), ref.o_hp.data)},
+                  {"lse", rel_l2(f32_values(lse), ref.lse)}};
+    return row;
+  }
+  forward();
+  Operand dq(shape, rng, false), dk(shape, rng, false), dv(shape, rng, false);
+  size_t bwd_bytes = 0;
+  check(fva_qat_backward_workspace_size(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &bwd_bytes),
+        "fva_qat_backward_workspace_size");
+  Buffer wsb(bwd_bytes);
+  row.ms = time_ms(runs, [&] {
+    check(fva_qat_backward(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &o_hp.t.desc, &lse.desc,
+                           &dout.t.desc, &dq.t.desc, &dk.t.desc, &dv.t.desc, wsb.get(), wsb.bytes,
+                           nullptr),
+          "fva_qat_backward");
+  });
+  row.gflop = 2.5 * flop_fwd * 1e-9;
+  fmt::print(stderr, "  {}: running the float64 reference ...\n", name);
+  // The reference backward gets the library's own forward outputs, as a training step would.
+  ref64::Tensor o_hp_lib(shape);
+  o_hp_lib.data = o_hp.values();
+  const ref64::Grads g = ref64::qat_backward(rc, ref64::DType::BF16, q.ref, k.ref, v.ref, o_hp_lib,
+                                             f32_values(lse), dout.ref);
+  row.errors = {{"dq", rel_l2(dq.values(), g.dq.data)},
+                {"dk", rel_l2(dk.values(), g.dk.data)},
+                {"dv", rel_l2(dv.values(), g.dv.data)}};
+  return row;
+}
+
+// Block-sparse metadata at ~25% density: each q block attends `topk` distinct kv blocks (ascending,
+// as FastVideo lists them); the last kv block is ragged, as at the end of a video.
+ref64::VsaIndex demo_index(const DemoShape& s, std::mt19937_64& rng, int64_t topk) {
+  ref64::VsaIndex idx;
+  const int64_t nq = s.S / 64, nkv = s.S / 64;
+  idx.B = s.B;
+  idx.H = s.H;
+  idx.num_q_blocks = nq;
+  idx.max_k = topk;
+  std::vector<int32_t> all(static_cast<size_t>(nkv));
+  for (int64_t i = 0; i < nkv; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t r = 0; r < s.B * s.H * nq; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    std::vector<int32_t> pick(all.begin(), all.begin() + topk);
+    std::sort(pick.begin(), pick.end());
+    idx.q2k_idx.insert(idx.q2k_idx.end(), pick.begin(), pick.end());
+    idx.q2k_num.push_back(static_cast<int32_t>(topk));
+  }
+  idx.block_sizes.assign(static_cast<size_t>(nkv), 64);
+  idx.block_sizes.back() = 40;
+  return idx;
+}
+
+HostTensor i32_tensor(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
+  HostTensor t(FVA_DTYPE_I32, 4, std::move(shape));
+  std::memcpy(t.buf.get(), values.data(), values.size() * 4);
+  return t;
+}
+
+Row demo_vsa(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, bool backward, int runs,
+             const char* name) {
+  const ref64::Shape shape{s.B, s.H, s.S, s.D};
+  const int64_t nq = s.S / 64, topk = std::max<int64_t>(1, nq / 4);
+  Operand q(shape, rng), k(shape, rng), v(shape, rng), dout(shape, rng), o(shape, rng, false);
+  HostTensor lse(FVA_DTYPE_F32, 4, {s.B, s.H, s.S});
+  const ref64::VsaIndex idx = demo_index(s, rng, topk);
+  HostTensor q2k_idx = i32_tensor(idx.q2k_idx, {s.B, s.H, nq, topk});
+  HostTensor q2k_num = i32_tensor(idx.q2k_num, {s.B, s.H, nq});
+  HostTensor sizes = i32_tensor(idx.block_sizes, {nq});
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  size_t fwd_bytes = 0;
+  check(fva_vsa_forward_workspace_size(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &q2k_idx.desc,
+                                       &fwd_bytes),
+        "fva_vsa_forward_workspace_size");
+  Buffer ws(fwd_bytes);
+  auto forward = [&] {
+    check(fva_vsa_forward(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &q2k_idx.desc, &q2k_num.desc,
+                          &sizes.desc, &o.t.desc, &lse.desc, ws.get(), ws.bytes, nullptr),
+          "fva_vsa_forward");
+  };
+  // Selected blocks only: 4 * D * 64 * 64 per (q block, kv block) pair.
+  const double flop_fwd = 4.0 * s.B * s.H * nq * topk * 64.0 * 64.0 * s.D;
+  const ref64::VsaConfig rc;
+  fmt::print(stderr, "  {}: running the library ...\n", name);
+  Row row;
+  row.op = name;
+  if (!backward) {
+    row.ms = time_ms(runs, forward);
+    row.gflop = flop_fwd * 1e-9;
+    fmt::print(stderr, "  {}: running the float64 reference ...\n", name);
+    const ref64::VsaForward ref = ref64::vsa_forward(rc, ref64::DType::BF16, q.ref, k.ref, v.ref, idx);
+    row.errors = {{"o", rel_l2(o.values(), ref.o.data)}, {"lse", rel_l2(f32_values(lse), ref.lse)}};
+    return row;
+  }
+  forward();
+  Operand dq(shape, rng, false), dk(shape, rng, false), dv(shape, rng, false);
+  size_t bwd_bytes = 0;
+  check(fva_vsa_backward_workspace_size(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &q2k_idx.desc,
+                                        &bwd_bytes),
+        "fva_vsa_backward_workspace_size");
+  Buffer wsb(bwd_bytes);
+  row.ms = time_ms(runs, [&] {
+    check(fva_vsa_backward(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &o.t.desc, &lse.desc,
+                           &dout.t.desc, &q2k_idx.desc, &q2k_num.desc, &sizes.desc, &dq.t.desc,
+                           &dk.t.desc, &dv.t.desc, wsb.get(), wsb.bytes, nullptr),
+          "fva_vsa_backward");
+  });
+  row.gflop = 2.5 * flop_fwd * 1e-9;
+  fmt::print(stderr, "  {}: running the float64 reference ...\n", name);
+  ref64::Tensor o_lib(shape);
+  o_lib.data = o.values();
+  const ref64::Grads g = ref64::vsa_backward(rc, ref64::DType::BF16, q.ref, k.ref, v.ref, o_lib,
+                                             f32_values(lse), dout.ref, idx);
+  row.errors = {{"dq", rel_l2(dq.values(), g.dq.data)},
+                {"dk", rel_l2(dk.values(), g.dk.data)},
+                {"dv", rel_l2(dv.values(), g.dv.data)}};
+  return row;
+}
+
+bool parse_int(const char* s, int64_t* out) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s, &end, 10);
+  if (end == s || *end != '\0' || v <= 0) return false;
+  *out = v;
+  return true;
+}
+
+int cmd_demo(int argc, char** argv) {
+  DemoShape s;
+  uint64_t seed = std::random_device{}();
+  int runs = 3;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    int64_t v = 0;
+    auto value = [&](int64_t* out) {
+      if (i + 1 >= argc || !parse_int(argv[i + 1], out)) {
+        fmt::print(stderr, "fvattn demo: {} needs a positive integer\n", a);
+        std::exit(2);
+      }
+      ++i;
+    };
+    if (a == "--seq") {
+      value(&s.S);
+      if (s.S % 64) {
+        fmt::print(stderr, "fvattn demo: --seq must be a multiple of 64 (VSA blocks)\n");
+        return 2;
+      }
+    } else if (a == "--heads") {
+      value(&s.H);
+    } else if (a == "--seed") {
+      value(&v);
+      seed = static_cast<uint64_t>(v);
+    } else if (a == "--runs") {
+      value(&v);
+      runs = static_cast<int>(v);
+    } else {
+      fmt::print(stderr, "fvattn demo: unknown option {}\n", a);
+      return 2;
+    }
+  }
+
+  // The GPU path comes with the CUDA kernels; until then the demo runs the CPU reference backend,
+  // and says why.
+  fva_handle_t h = nullptr;
+  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
+  opts.backend = FVA_BACKEND_CUDA;
+  std::string why;
+  if (fva_create(&h, &opts) == FVA_OK) {
+    why = "a CUDA device is present, but this release has no CUDA kernels yet";
+    fva_destroy(h);
+  } else {
+    why = fva_last_error();
+  }
+  opts.backend = FVA_BACKEND_CPU;
+  check(fva_create(&h, &opts), "fva_create(CPU)");
+  fva_handle_info_t info;
+  info.struct_size = sizeof info;
+  check(fva_get_info(h, &info), "fva_get_info");
+
+  fmt::print("fvattn {}.{}.{} demo: B={} H={} S={} D={}, bf16, seed {}\n", FVA_VERSION_MAJOR,
+             FVA_VERSION_MINOR, FVA_VERSION_PATCH, s.B, s.H, s.S, s.D, seed);
+  fmt::print("backend: CPU reference, {} threads ({})\n", info.sm_count, why);
+  fmt::print("QAT: FastVideo production preset (NVFP4 block scales, high-precision o); "
+             "VSA: 25% of kv blocks per q block, last block 40 tokens\n");
+  fmt::print(stderr, "fvattn demo: running (each op {} time(s), then the float64 reference)\n", runs);
+
+  std::mt19937_64 rng(seed);
+  std::vector<Row> rows;
+  rows.push_back(demo_qat(h, s, rng, false, runs, "qat forward"));
+  rows.push_back(demo_qat(h, s, rng, true, runs, "qat backward"));
+  rows.push_back(demo_vsa(h, s, rng, false, runs, "vsa forward"));
+  rows.push_back(demo_vsa(h, s, rng, true, runs, "vsa backward"));
+  fva_destroy(h);
+
+  fmt::print("\n{:<14} {:>10} {:>9}  {:<44} {}\n", "op", "time ms", "GFLOP/s",
+             "rel. L2 error vs float64 (bound)", "check");
+  bool all = true;
+  for (const Row& r : rows) {
+    std::string errs;
+    for (auto& [name, e] : r.errors)
+      errs += fmt::format("{}{} {:.1e}", errs.empty() ? "" : ", ", name, e);
+    all = all && r.pass();
+    fmt::print("{:<14} {:>10.1f} {:>9.2f}  {:<44} {}\n", r.op, r.ms, r.gflop / (r.ms * 1e-3),
+               errs, r.pass() ? "PASS" : "FAIL");
+  }
+  fmt::print("\nbounds (SPEC.md section 4): 1e-2 for o/o_hp/dq/dk/dv, 1e-3 for lse; times are medians "
+             "of {} run(s) on this machine's CPU; FLOPs by ARCHITECTURE.md's conventions "
+             "(backward = 2.5x forward; VSA counts selected blocks)\n", runs);
+  return all ? 0 : 1;
+}
+
+void usage() {
+  fmt::print(
+      "usage: fvattn <command> [options]\n\n"
+      "commands:\n"
+      "  info                 version, ABI, backends, device (or why there is none), dispatch table\n"
+      "  demo [options]       QAT and VSA attention forward+backward, checked against the float64\n"
+      "                       reference and timed; exit status 1 if a check fails\n"
+      "      --seq N          sequence length (multiple of 64; default 1024)\n"
+      "      --heads N        heads (default 2)\n"
+      "      --seed N         random seed (default: fresh each run, printed)\n"
+      "      --runs N         timed runs per op (default 3)\n"
+      "  version              print the library version\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "info") return cmd_info();
+  if (cmd == "demo") return cmd_demo(argc - 2, argv + 2);
+  if (cmd == "version") {
+    const int32_t v = fva_version();
+    fmt::print("{}.{}.{}\n", v / 10000, v / 100 % 100, v % 100);
+    return 0;
+  }
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    usage();
+    return 0;
+  }
+  fmt::print(stderr, "fvattn: unknown command '{}'\n", cmd);
+  usage();
+  return 2;
+}
