@@ -442,13 +442,16 @@ TEST_CASE("VSA: bad inputs") {
        {FVA_ERR_INVALID_ARGUMENT, "block_sizes: rank is 2 but must be 1"}},
       {"lse overlaps o", [](Vsa& f) { f.tlse.data = f.to.data; }, fwd,
        {FVA_ERR_INVALID_ARGUMENT, "o: overlaps lse"}},
-      {"o overlaps metadata", [](Vsa& f) { f.to.data = f.tidx.data; }, fwd,
-       {FVA_ERR_INVALID_ARGUMENT, "o: overlaps q2k_idx"}},
+      {"lse overlaps metadata", [](Vsa& f) { f.tlse.data = f.tnum.data; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "lse: overlaps q2k_num"}},
       {"dv wrong shape", [](Vsa& f) { f.tdv.shape[2] = 128; }, bwd,
        {FVA_ERR_INVALID_ARGUMENT, "dv: shape[2] is 128 but v.shape[2] is 192"}},
       {"backward workspace too small", [](Vsa&) {}, [](Vsa& f) { return f.backward(1); },
        {FVA_ERR_WORKSPACE_TOO_SMALL, "see fva_vsa_backward_workspace_size"}},
-      {"k2q_idx wrong width", [](Vsa& f) { f.tk2q_idx.shape[3] = 3; }, inv,
+      {"k2q_idx wrong width", [](Vsa& f) {
+         f.tk2q_idx.shape[3] = 3;
+         f.tk2q_idx.strides[2] = 3; f.tk2q_idx.strides[1] = 9; f.tk2q_idx.strides[0] = 18;
+       }, inv,
        {FVA_ERR_INVALID_ARGUMENT, "k2q_idx: shape[3] is 3 but q2k_idx.shape[2] is 2"}},
       {"k2q_num wrong shape", [](Vsa& f) { f.tk2q_num.shape[2] = 2; }, inv,
        {FVA_ERR_INVALID_ARGUMENT, "k2q_num: shape[2] is 2 but k2q_idx.shape[2] is 3"}},

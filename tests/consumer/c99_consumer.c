@@ -43,10 +43,11 @@ static fva_tensor_t bhsd(void* data, int32_t dtype) {
   return t;
 }
 
-/* 16-byte aligned static buffers (the API requires it). */
-static _Alignas(16) uint16_t q[B * H * S * D], k[B * H * S * D], v[B * H * S * D];
-static _Alignas(16) uint16_t o[B * H * S * D], o_hp[B * H * S * D];
-static _Alignas(16) float lse[B * H * S];
+/* The API wants 16-byte aligned data; C99 has no _Alignas, so align inside a larger allocation. */
+static void* align64(void* p) { return (void*)(((uintptr_t)p + 63u) & ~(uintptr_t)63u); }
+
+static uint16_t *q, *k, *v, *o, *o_hp;
+static float* lse;
 
 int main(void) {
   fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
@@ -59,6 +60,17 @@ int main(void) {
   size_t ws_bytes = 0;
   void* ws = NULL;
   int i;
+  const size_t n = (size_t)B * H * S * D;
+  void* arena = malloc(5 * (n * 2 + 64) + B * H * S * 4 + 64);
+  unsigned char* next;
+  if (!arena) return 1;
+  next = (unsigned char*)align64(arena);
+  q = (uint16_t*)next; next = (unsigned char*)align64(next + n * 2);
+  k = (uint16_t*)next; next = (unsigned char*)align64(next + n * 2);
+  v = (uint16_t*)next; next = (unsigned char*)align64(next + n * 2);
+  o = (uint16_t*)next; next = (unsigned char*)align64(next + n * 2);
+  o_hp = (uint16_t*)next; next = (unsigned char*)align64(next + n * 2);
+  lse = (float*)next;
 
   EXPECT(fva_version() == FVA_VERSION_MAJOR * 10000 + FVA_VERSION_MINOR * 100 + FVA_VERSION_PATCH);
   EXPECT(fva_abi_version() == FVA_ABI_VERSION);
@@ -91,7 +103,9 @@ int main(void) {
   tlse.strides[0] = H * S; tlse.strides[1] = S; tlse.strides[2] = 1;
 
   EXPECT(fva_qat_forward_workspace_size(h, &cfg, &tq, &tk, &tv, &ws_bytes) == FVA_OK);
-  if (ws_bytes) ws = aligned_alloc(64, (ws_bytes + 63) / 64 * 64);
+  void* ws_mem = malloc(ws_bytes + 64);
+  if (!ws_mem) return 1;
+  if (ws_bytes) ws = align64(ws_mem);
   EXPECT(fva_qat_forward(h, &cfg, &tq, &tk, &tv, &to, &to_hp, &tlse, ws, ws_bytes, NULL) == FVA_OK);
   for (i = 0; i < B * H * S * D; ++i) {
     EXPECT(isfinite(bf16_value(o[i])) && isfinite(bf16_value(o_hp[i])));
@@ -105,7 +119,8 @@ int main(void) {
          FVA_ERR_INVALID_ARGUMENT);
   EXPECT(strncmp(fva_last_error(), "v: shape[2]", 11) == 0);
 
-  free(ws);
+  free(ws_mem);
+  free(arena);
   EXPECT(fva_destroy(h) == FVA_OK);
   if (failures) fprintf(stderr, "c99 consumer: %d failure(s); last error: %s\n", failures, fva_last_error());
   else printf("c99 consumer: OK\n");

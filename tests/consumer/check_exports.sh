@@ -4,14 +4,20 @@
 # (no libcuda, libcudart or libfmt: the driver is opened with dlopen, fmt is header-only).
 set -euo pipefail
 lib="$1"
+header="$2"
 fail=0
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 if [ "$soname" != "libfvattn.so.1" ]; then echo "SONAME is '$soname', expected libfvattn.so.1"; fail=1; fi
 exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//' | sort -u)
 bad=$(echo "$exported" | grep -v -E '^(fva_[a-z0-9_]+|FVATTN_1)$' || true)
 if [ -n "$bad" ]; then echo "symbols exported besides fva_*:"; echo "$bad"; fail=1; fi
-n=$(echo "$exported" | grep -c '^fva_' || true)
-if [ "$n" -lt 20 ]; then echo "only $n fva_ symbols exported"; fail=1; fi
+# Exactly the functions the public header declares, no more, no fewer.
+declared=$(grep -o '^FVA_API [^(]*fva_[a-z0-9_]*(' "$header" | sed -E 's/.*[ *](fva_[a-z0-9_]+)\($/\1/' | sort -u)
+missing=$(comm -23 <(echo "$declared") <(echo "$exported" | grep '^fva_'))
+extra=$(comm -13 <(echo "$declared") <(echo "$exported" | grep '^fva_'))
+if [ -n "$missing" ]; then echo "declared in fvattn.h but not exported:"; echo "$missing"; fail=1; fi
+if [ -n "$extra" ]; then echo "exported but not declared in fvattn.h:"; echo "$extra"; fail=1; fi
+n=$(echo "$declared" | grep -c '^fva_' || true)
 unversioned=$(nm -D --defined-only "$lib" | awk '$3 ~ /^fva_/ && $3 !~ /@@FVATTN_1$/ {print $3}')
 if [ -n "$unversioned" ]; then echo "fva_ symbols outside version node FVATTN_1:"; echo "$unversioned"; fail=1; fi
 needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')

@@ -9,15 +9,19 @@ rm -rf "$stage" "$build_dir/consumer-fp"
 cmake --install "$build_dir" --prefix "$stage" >/dev/null
 libdir=$(dirname "$(find "$stage" -name 'libfvattn.so.1' | head -n1)")
 
-"$cc" -std=c99 -Wall -Wextra -Werror -pedantic -I"$stage/include" "$src_dir/c99_consumer.c" \
-  -L"$libdir" -lfvattn -lm -Wl,-rpath,"$libdir" -o "$build_dir/c99_consumer"
+# The C99 program takes its flags from the installed fvattn.pc, which checks that file too.
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+pkg-config --exists fvattn
+cflags=$(pkg-config --cflags fvattn)
+libs=$(pkg-config --libs fvattn)
+echo "pkg-config fvattn: $cflags $libs"
+case "$cflags" in *"$stage"*) ;; *) echo "fvattn.pc does not point into the installation"; exit 1 ;; esac
+# shellcheck disable=SC2086
+"$cc" -std=c99 -Wall -Wextra -Werror -pedantic $cflags "$src_dir/c99_consumer.c" $libs -lm \
+  -Wl,-rpath,"$libdir" -o "$build_dir/c99_consumer"
 "$build_dir/c99_consumer"
 
 cmake -S "$src_dir/find_package" -B "$build_dir/consumer-fp" -DCMAKE_PREFIX_PATH="$stage" \
   -DCMAKE_BUILD_RPATH="$libdir" >/dev/null
 cmake --build "$build_dir/consumer-fp" >/dev/null
 "$build_dir/consumer-fp/consumer"
-
-PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --exists fvattn
-flags=$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs fvattn)
-echo "pkg-config fvattn: $flags"
