@@ -193,8 +193,9 @@ int cmd_info() {
   for (const char* op : {"qat_forward", "qat_backward", "vsa_forward", "vsa_backward",
                          "vsa_invert_indices", "nvfp4_fake_quantize"}) {
     const bool vsa = std::strncmp(op, "vsa", 3) == 0;
-    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", op, "CPU", "bf16, f16",
-               vsa ? (std::strcmp(op, "vsa_invert_indices") == 0 ? "-" : "64, 128")
+    const bool indices = std::strcmp(op, "vsa_invert_indices") == 0;
+    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", op, "CPU", indices ? "int32" : "bf16, f16",
+               vsa ? (indices ? "-" : "64, 128")
                    : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16"
                                                                   : "16,32,64,128,256"),
                "reference (src/cpu)");
@@ -443,7 +444,8 @@ int cmd_demo(int argc, char** argv) {
   }
   fmt::print("\nbounds (SPEC.md section 4): 1e-2 for o/o_hp/dq/dk/dv, 1e-3 for lse; times are medians "
              "of {} run(s) on this machine's CPU; FLOPs by ARCHITECTURE.md's conventions "
-             "(backward = 2.5x forward; VSA counts selected blocks)\n", runs);
+             "(backward = 2.5x forward; VSA counts selected blocks)\n",
+             runs);
   return all ? 0 : 1;
 }
 

@@ -1,0 +1,127 @@
+// The shared NVFP4 header (kernels/common/nvfp4.h, float_formats.h) gives the same bits on the GPU
+// as on the host, where the CPU reference backend runs it. Every GPU kernel quantizes with this
+// header, so this is the parity the QAT kernels inherit.
+//
+// Exit status: 0 pass, 1 mismatch or CUDA error, 77 no CUDA device (CTest reports it as skipped).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/float_formats.h"
+#include "common/nvfp4.h"
+
+namespace {
+
+struct Scalars {
+  float e4m3, e2m1, bf16, f16;
+};
+
+__global__ void round_scalars(const float* x, Scalars* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = {fva::e4m3_round_magnitude(x[i]), fva::e2m1_round(x[i]), fva::round_to_bf16(x[i]),
+            fva::round_to_f16(x[i])};
+}
+
+// One thread per 16-element group; enc/dec as in tile mode when enc != 1.
+__global__ void quantize_groups(const float* x, uint16_t* out, int groups, float enc, float dec) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  const float* in = x + g * fva::kNvfp4GroupSize;
+  float amax = 0.0f;
+  for (int i = 0; i < fva::kNvfp4GroupSize; ++i) amax = fva::nvfp4_amax_step(amax, in[i]);
+  const fva::Nvfp4Group grp = fva::nvfp4_group(amax, enc, dec);
+  for (int i = 0; i < fva::kNvfp4GroupSize; ++i)
+    out[g * fva::kNvfp4GroupSize + i] = fva::bf16_bits_from_float(fva::nvfp4_fake_quant(grp, in[i]));
+}
+
+bool same_bits(float a, float b) {
+  uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  return ua == ub || (a != a && b != b);  // any NaN matches any NaN
+}
+
+#define CUDA_OK(call)                                                             \
+  do {                                                                            \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));    \
+      return 1;                                                                   \
+    }                                                                             \
+  } while (0)
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  // Inputs: every bf16 bit pattern, then random fp32 values over many binades (both signs, ties
+  // of the E2M1/E4M3 grids, subnormals, inf, NaN all occur among the bf16 patterns).
+  std::vector<float> x;
+  for (uint32_t b = 0; b < 65536; ++b) x.push_back(fva::float_from_bf16_bits(static_cast<uint16_t>(b)));
+  std::mt19937 rng(12345);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-30, 12);
+  while (x.size() % 16 != 0 || x.size() < 65536 + (1 << 20)) x.push_back(std::ldexp(mant(rng), expo(rng)));
+  const int n = static_cast<int>(x.size());
+
+  float* dx = nullptr;
+  Scalars* ds = nullptr;
+  uint16_t* dq = nullptr;
+  CUDA_OK(cudaMalloc(&dx, n * sizeof(float)));
+  CUDA_OK(cudaMalloc(&ds, n * sizeof(Scalars)));
+  CUDA_OK(cudaMalloc(&dq, n * sizeof(uint16_t)));
+  CUDA_OK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  round_scalars<<<(n + 255) / 256, 256>>>(dx, ds, n);
+  CUDA_OK(cudaGetLastError());
+  std::vector<Scalars> gs(n);
+  CUDA_OK(cudaMemcpy(gs.data(), ds, n * sizeof(Scalars), cudaMemcpyDeviceToHost));
+
+  long bad = 0;
+  for (int i = 0; i < n; ++i) {
+    const Scalars h{fva::e4m3_round_magnitude(x[i]), fva::e2m1_round(x[i]), fva::round_to_bf16(x[i]),
+                    fva::round_to_f16(x[i])};
+    if (!same_bits(h.e4m3, gs[i].e4m3) || !same_bits(h.e2m1, gs[i].e2m1) ||
+        !same_bits(h.bf16, gs[i].bf16) || !same_bits(h.f16, gs[i].f16)) {
+      if (bad++ < 5) std::fprintf(stderr, "scalar mismatch at x=%a\n", x[i]);
+    }
+  }
+
+  const int groups = n / 16;
+  // Block mode, then a tile-mode second level (enc from a made-up tile amax).
+  const float tile_enc = fva::nvfp4_second_level_enc(3.75f);
+  for (float enc : {1.0f, tile_enc}) {
+    const float dec = 1.0f / enc;
+    quantize_groups<<<(groups + 255) / 256, 256>>>(dx, dq, groups, enc, dec);
+    CUDA_OK(cudaGetLastError());
+    std::vector<uint16_t> gq(n);
+    CUDA_OK(cudaMemcpy(gq.data(), dq, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    for (int g = 0; g < groups; ++g) {
+      float amax = 0.0f;
+      for (int i = 0; i < 16; ++i) amax = fva::nvfp4_amax_step(amax, x[g * 16 + i]);
+      const fva::Nvfp4Group grp = fva::nvfp4_group(amax, enc, dec);
+      for (int i = 0; i < 16; ++i) {
+        const uint16_t h = fva::bf16_bits_from_float(fva::nvfp4_fake_quant(grp, x[g * 16 + i]));
+        if (h != gq[g * 16 + i] && bad++ < 10)
+          std::fprintf(stderr, "group mismatch (enc %g) at group %d element %d: host %04x device %04x\n",
+                       enc, g, i, h, gq[g * 16 + i]);
+      }
+    }
+  }
+  cudaFree(dx);
+  cudaFree(ds);
+  cudaFree(dq);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("%s: %d values, %d groups x 2 modes on %s (sm_%d%d): %ld mismatches\n",
+              bad ? "FAIL" : "PASS", n, groups, prop.name, prop.major, prop.minor, bad);
+  return bad ? 1 : 0;
+}
