@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE (the device tool), from the repo root, with .device-deps carried
+# (tools/device/prepare_deps.sh makes it). One call does everything the GPU can check today:
+#   1. builds the library, tools and tests with the CUDA images (sm_90a, sm_100a, sm_120);
+#   2. runs every test (the GPU ones included: NVFP4 parity, the CUDA backend frame);
+#   3. runs the GPU parity test under compute-sanitizer (memcheck, racecheck);
+#   4. lists the SASS images in the CUDA binary with cuobjdump (sm_100a/sm_120 must be there too);
+#   5. `fvattn info` and `fvattn demo` (the demo runs the CPU backend until CUDA kernels exist);
+# and writes a short table last. Logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/fvattn-device-out}
+mkdir -p "$OUT"
+root=$(pwd)
+deps="$root/.device-deps/usr"
+declare -a rows
+step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, record PASS/FAIL
+  local name=$1; shift
+  local t0=$(date +%s)
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  rows+=("$(printf '%-22s %-5s %4ss  %s' "$name" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$(tail -n 1 "$OUT/$name.log" | cut -c1-90)")")
+  return $rc
+}
+
+nvidia-smi -L | tee "$OUT/gpu.txt"
+step configure cmake -S . -B build-device -G Ninja -DFVATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+  -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest"
+step build cmake --build build-device -j 16
+step ctest ctest --test-dir build-device --output-on-failure -j 8
+step sanitizer-memcheck compute-sanitizer --tool memcheck --error-exitcode 1 build-device/tests/nvfp4_device_parity
+step sanitizer-racecheck compute-sanitizer --tool racecheck --error-exitcode 1 build-device/tests/nvfp4_device_parity
+step sass-images bash -c "cuobjdump --list-elf build-device/tests/nvfp4_device_parity | tee /dev/stderr | grep -c -E 'sm_(90a|100a|120)' | grep -qx 3 && echo 'SASS for sm_90a, sm_100a, sm_120'"
+step fvattn-info build-device/tools/fvattn info
+step fvattn-demo build-device/tools/fvattn demo
+
+{
+  echo
+  echo "== fvattn device check, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  cat "$OUT/gpu.txt"
+  printf '%-22s %-5s %5s  %s\n' step result time "last line of log"
+  printf '%s\n' "${rows[@]}"
+} | tee "$OUT/summary.txt"
