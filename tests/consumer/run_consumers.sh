@@ -19,7 +19,25 @@ case "$cflags" in *"$stage"*) ;; *) echo "fvattn.pc does not point into the inst
 # shellcheck disable=SC2086
 "$cc" -std=c99 -Wall -Wextra -Werror -pedantic $cflags "$src_dir/c99_consumer.c" $libs -lm \
   -Wl,-rpath,"$libdir" -o "$build_dir/c99_consumer"
+
+# The README's C example compiles as C99 against the installed header.
+readme="$src_dir/../../README.md"
+awk '/^```c$/{on=1; next} /^```$/{on=0} on' "$readme" > "$build_dir/readme_example.c"
+[ -s "$build_dir/readme_example.c" ] || { echo "no C example found in README.md"; exit 1; }
+# shellcheck disable=SC2086
+"$cc" -std=c99 -Wall -Wextra -Werror -pedantic -D_ISOC11_SOURCE $cflags -c "$build_dir/readme_example.c" \
+  -o "$build_dir/readme_example.o"
+echo "README C example: compiles"
 "$build_dir/c99_consumer"
+
+# The README's C example compiles as C99 against the installed header.
+readme="$src_dir/../../README.md"
+awk '/^```c$/{on=1; next} /^```$/{on=0} on' "$readme" > "$build_dir/readme_example.c"
+[ -s "$build_dir/readme_example.c" ] || { echo "no C example found in README.md"; exit 1; }
+# shellcheck disable=SC2086
+"$cc" -std=c99 -Wall -Wextra -Werror -pedantic -D_ISOC11_SOURCE $cflags -c "$build_dir/readme_example.c" \
+  -o "$build_dir/readme_example.o"
+echo "README C example: compiles"
 
 cmake -S "$src_dir/find_package" -B "$build_dir/consumer-fp" -DCMAKE_PREFIX_PATH="$stage" \
   -DCMAKE_BUILD_RPATH="$libdir" >/dev/null
