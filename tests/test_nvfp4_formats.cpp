@@ -409,13 +409,13 @@ TEST_CASE("nvfp4: every E2M1 tie under every E4M3 scale goes through the fp32 re
 TEST_CASE("nvfp4: groups whose scale rounds to 0 decode to exact zeros, never NaN") {
   float zeros[16] = {};
   const fva::Nvfp4Group gz = fva::nvfp4_group(0.0f, 1.0f, 1.0f);
-  CHECK(gz.scale == 0.0f);
+  CHECK(gz.e4m3 == 0.0f);
   CHECK(gz.reciprocal == 0.0f);
   for (float v : zeros) CHECK(same_value(fva::nvfp4_fake_quant(gz, v), 0.0));
   // amax / 6 at or below 2^-10 rounds the scale to 0 (SPEC: amax*enc/6 < 2^-10 gives zeros).
   const float tiny = 6.0f * std::ldexp(1.0f, -10);
   const fva::Nvfp4Group gt = fva::nvfp4_group(tiny, 1.0f, 1.0f);
-  CHECK(gt.scale == 0.0f);
+  CHECK(gt.e4m3 == 0.0f);
   CHECK(same_value(fva::nvfp4_fake_quant(gt, tiny), 0.0));
   CHECK(same_value(fva::nvfp4_fake_quant(gt, -tiny), 0.0));
   // Tile mode on an all-zero tile: the floored amax keeps enc finite, the scale is 0, no NaN.
@@ -428,7 +428,7 @@ TEST_CASE("nvfp4: groups whose scale rounds to 0 decode to exact zeros, never Na
   // Just above the threshold the scale is the smallest subnormal and values survive.
   const float small = 6.0f * std::ldexp(1.0f, -9);
   const fva::Nvfp4Group gs = fva::nvfp4_group(small, 1.0f, 1.0f);
-  CHECK(gs.scale == std::ldexp(1.0f, -9));
+  CHECK(gs.e4m3 == std::ldexp(1.0f, -9));
   CHECK(fva::nvfp4_fake_quant(gs, small) == small);
 }
 
@@ -441,7 +441,7 @@ TEST_CASE("nvfp4: sign of zero, NaN and inf inputs, the amax ignores NaN") {
   CHECK(fva::nvfp4_amax_step(amax, std::numeric_limits<float>::quiet_NaN()) == 7.5f);
   CHECK(fva::nvfp4_amax_step(amax, -8.0f) == 8.0f);
   const fva::Nvfp4Group g = fva::nvfp4_group(amax, 1.0f, 1.0f);
-  CHECK(g.scale == 1.25f);  // e4m3(7.5 / 6) = 1.25 exactly
+  CHECK(g.e4m3 == 1.25f);  // e4m3(7.5 / 6) = 1.25 exactly
   // A value far below the scale quantizes to a zero with its own sign.
   CHECK(same_value(fva::nvfp4_fake_quant(g, -0.01f), -0.0));
   CHECK(same_value(fva::nvfp4_fake_quant(g, 0.01f), 0.0));
@@ -452,13 +452,13 @@ TEST_CASE("nvfp4: sign of zero, NaN and inf inputs, the amax ignores NaN") {
   CHECK(std::fabs(fva::nvfp4_fake_quant(g, std::numeric_limits<float>::quiet_NaN())) == 7.5f);
   // A group holding an infinity gets the largest scale, 448, and every finite value stays finite.
   const fva::Nvfp4Group gi = fva::nvfp4_group(std::numeric_limits<float>::infinity(), 1.0f, 1.0f);
-  CHECK(gi.scale == 448.0f);
+  CHECK(gi.e4m3 == 448.0f);
   CHECK(fva::nvfp4_fake_quant(gi, 1.0f) == 0.0f);
 }
 
 TEST_CASE("nvfp4 tile mode: enc, dec and the decode follow the header's fp32 contract") {
-  // Tile mode: s = e4m3(amax / 6 * enc), scale = fl(s * dec), r = fl(1 / scale), and
-  // nvfp4_fake_quant returns fl(e2m1(x * r) * scale) in fp32 (callers then round to the dtype).
+  // Tile mode: s = e4m3(amax / 6 * enc), r = fl(1 / fl(s * dec)), and nvfp4_fake_quant returns
+  // fl(fl(e2m1(x * r) * s) * dec) in fp32 (callers then round to the dtype); e2m1 * s is exact.
   const auto e4 = e4m3_magnitudes();
   const auto e2 = e2m1_magnitudes();
   std::mt19937 rng(5u);
@@ -475,11 +475,12 @@ TEST_CASE("nvfp4 tile mode: enc, dec and the decode follow the header's fp32 con
     const double s = nearest_even(e4, (amax / 6.0f) * enc);
     const float scale = static_cast<float>(s) * dec;
     const fva::Nvfp4Group g = fva::nvfp4_group(amax, enc, dec);
-    mismatches += g.scale != scale;
+    mismatches += g.e4m3 != static_cast<float>(s) || g.dec != dec || g.reciprocal != 1.0f / scale;
     for (float v : x) {
       const float y = v * (1.0f / scale);
       const double mag = nearest_even(e2, std::fabs(static_cast<double>(y)));
-      const float want = static_cast<float>(std::signbit(y) ? -mag : mag) * scale;
+      const double exact_es = (std::signbit(y) ? -mag : mag) * s;  // exact in double and in fp32
+      const float want = static_cast<float>(exact_es) * dec;
       mismatches += !same_value(fva::nvfp4_fake_quant(g, v), want);
     }
   }

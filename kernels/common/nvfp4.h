@@ -5,7 +5,7 @@
 //     s = e4m3(amax / 6 * enc)
 // with enc the second-level encode factor (1 in block mode; 2688 / tile-or-row amax otherwise) and
 // dec = 1 / enc. Each value is encoded as e2m1(x * r) with r = 1 / (s * dec) computed from the
-// *rounded* s, and decoded as e2m1 * s * dec. A scale that rounds to 0 decodes the group to zeros.
+// *rounded* s, and decoded as (e2m1 * s) * dec. A scale that rounds to 0 decodes the group to zeros.
 //
 // Usage, per group:
 //     float amax = 0; for (x in group, valid only) amax = nvfp4_amax_step(amax, x);
@@ -38,23 +38,28 @@ FVA_HD float nvfp4_second_level_enc(float amax) {
 }
 
 struct Nvfp4Group {
-  float scale;      // s * dec: what an E2M1 code is multiplied by to decode (0: all zeros)
-  float reciprocal; // r = 1 / (s * dec)
+  float e4m3;        // s: the group's E4M3 scale (0: the group decodes to zeros)
+  float dec;         // the second-level decode factor (1 in block mode)
+  float reciprocal;  // r = 1 / (s * dec), from the rounded s
 };
 
 // The group's scale from its amax. enc = dec = 1 in block mode.
 FVA_HD Nvfp4Group nvfp4_group(float amax, float enc, float dec) {
-  const float s = e4m3_round_magnitude(amax / 6.0f * enc);
   Nvfp4Group g;
-  g.scale = s * dec;
-  g.reciprocal = g.scale > 0.0f ? 1.0f / g.scale : 0.0f;
+  g.e4m3 = e4m3_round_magnitude(amax / 6.0f * enc);
+  g.dec = dec;
+  const float sd = g.e4m3 * dec;
+  g.reciprocal = sd > 0.0f ? 1.0f / sd : 0.0f;
   return g;
 }
 
-// x fake-quantized with its group's scale, in fp32 (callers round to the tensor dtype).
+// x fake-quantized with its group's scale, in fp32 (callers round to the tensor dtype). The decode
+// is (e2m1 * s) * dec, left to right as FastVideo evaluates it: e2m1 * s is exact (3 + 4 significant
+// bits), so block mode rounds only once, to the dtype; tile and row modes round the product with dec
+// to fp32 first.
 FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
-  if (!(g.scale > 0.0f)) return 0.0f;
-  return e2m1_round(x * g.reciprocal) * g.scale;
+  if (!(g.reciprocal > 0.0f)) return 0.0f;
+  return e2m1_round(x * g.reciprocal) * g.e4m3 * g.dec;
 }
 
 }  // namespace fva
