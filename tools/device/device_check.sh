@@ -5,7 +5,8 @@
 #   2. runs every test (the GPU ones included: NVFP4 parity, the CUDA backend frame);
 #   3. runs the GPU parity test under compute-sanitizer (memcheck, racecheck);
 #   4. lists the SASS images in the CUDA binary with cuobjdump (sm_100a/sm_120 must be there too);
-#   5. `fvattn info` and `fvattn demo` (the demo runs the CPU backend until CUDA kernels exist);
+#   5. a probe of FastVideo's tile-mode divisions against the golden fakes (tile_division_probe.cu);
+#   6. `fvattn info` and `fvattn demo` (the demo runs the CPU backend until CUDA kernels exist);
 # and writes a short table last. Logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-device-out}
@@ -30,12 +31,13 @@ step ctest ctest --test-dir build-device --output-on-failure -j 8
 step sanitizer-memcheck compute-sanitizer --tool memcheck --error-exitcode 1 build-device/tests/nvfp4_device_parity
 step sanitizer-racecheck compute-sanitizer --tool racecheck --error-exitcode 1 build-device/tests/nvfp4_device_parity
 step sass-images bash -c "cuobjdump --list-elf build-device/tests/nvfp4_device_parity | tee /dev/stderr | grep -c -E 'sm_(90a|100a|120)' | grep -qx 3 && echo 'SASS for sm_90a, sm_100a, sm_120'"
+step tile-division-probe bash -c "nvcc -std=c++17 -O2 -arch=sm_90a -Ikernels -o build-device/tile_division_probe tools/device/tile_division_probe.cu && build-device/tile_division_probe tests/golden/qat/default_self_256"
 step fvattn-info build-device/tools/fvattn info
 step fvattn-demo build-device/tools/fvattn demo
 
 {
   echo
-  echo "== fvattn device check, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "== fvattn device check, $(date -u +%Y-%m-%dT%H:%MZ), commit ${FVA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
   cat "$OUT/gpu.txt"
   printf '%-22s %-5s %5s  %s\n' step result time "last line of log"
   printf '%s\n' "${rows[@]}"
