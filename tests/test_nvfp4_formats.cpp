@@ -450,6 +450,9 @@ TEST_CASE("nvfp4: sign of zero, NaN and inf inputs, the amax ignores NaN") {
   CHECK(fva::nvfp4_fake_quant(g, std::numeric_limits<float>::infinity()) == 7.5f);
   CHECK(fva::nvfp4_fake_quant(g, -std::numeric_limits<float>::infinity()) == -7.5f);
   CHECK(std::fabs(fva::nvfp4_fake_quant(g, std::numeric_limits<float>::quiet_NaN())) == 7.5f);
+  // A NaN takes its own sign bit (the GPU's x * r would return a canonical, positive NaN).
+  CHECK(fva::nvfp4_fake_quant(g, std::numeric_limits<float>::quiet_NaN()) == 7.5f);
+  CHECK(fva::nvfp4_fake_quant(g, -std::numeric_limits<float>::quiet_NaN()) == -7.5f);
   // A group holding an infinity gets the largest scale, 448, and every finite value stays finite.
   const fva::Nvfp4Group gi = fva::nvfp4_group(std::numeric_limits<float>::infinity(), 1.0f, 1.0f);
   CHECK(gi.e4m3 == 448.0f);

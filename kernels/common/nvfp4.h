@@ -57,9 +57,15 @@ FVA_HD Nvfp4Group nvfp4_group(float amax, float enc, float dec) {
 // is (e2m1 * s) * dec, left to right as FastVideo evaluates it: e2m1 * s is exact (3 + 4 significant
 // bits), so block mode rounds only once, to the dtype; tile and row modes round the product with dec
 // to fp32 first.
+//
+// The sign comes from x itself: x * r has x's sign for every finite x, but a NaN x loses its sign in
+// the product on the GPU (which returns a canonical NaN) and keeps it on the host; taking x's sign
+// bit makes NaN inputs saturate to the same +-6 everywhere.
 FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
   if (!(g.reciprocal > 0.0f)) return 0.0f;
-  return e2m1_round(x * g.reciprocal) * g.e4m3 * g.dec;
+  const float magnitude = e2m1_round(bits_float(float_bits(x * g.reciprocal) & 0x7fffffffu));
+  const float q = bits_float(float_bits(magnitude) | (float_bits(x) & 0x80000000u));
+  return q * g.e4m3 * g.dec;
 }
 
 }  // namespace fva

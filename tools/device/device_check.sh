@@ -7,7 +7,7 @@
 #   4. lists the SASS images in the CUDA binary with cuobjdump (sm_100a/sm_120 must be there too);
 #   5. a probe of FastVideo's tile-mode divisions against the golden fakes (tile_division_probe.cu);
 #   6. `fvattn info` and `fvattn demo` (the demo runs the CPU backend until CUDA kernels exist);
-# and writes a short table last. Logs go to $OUT.
+# and writes a short table last. Logs go to $OUT/all.log, the table to $OUT/summary.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-device-out}
 mkdir -p "$OUT"
@@ -17,13 +17,15 @@ declare -a rows
 step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, record PASS/FAIL
   local name=$1; shift
   local t0=$(date +%s)
-  "$@" > "$OUT/$name.log" 2>&1
+  "$@" > "$OUT/step.log" 2>&1
   local rc=$?
-  rows+=("$(printf '%-22s %-5s %4ss  %s' "$name" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$(tail -n 1 "$OUT/$name.log" | cut -c1-90)")")
+  { echo "===== $name (rc $rc)"; cat "$OUT/step.log"; } >> "$OUT/all.log"
+  rows+=("$(printf '%-22s %-5s %4ss  %s' "$name" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$(tail -n 1 "$OUT/step.log" | cut -c1-90)")")
+  rm -f "$OUT/step.log"
   return $rc
 }
 
-nvidia-smi -L | tee "$OUT/gpu.txt"
+nvidia-smi -L > "$OUT/gpu.txt"
 step configure cmake -S . -B build-device -G Ninja -DFVATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
   -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest"
 step build cmake --build build-device -j 16
