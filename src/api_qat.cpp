@@ -63,14 +63,10 @@ extern "C" {
 fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                             const fva_tensor_t* q, const fva_tensor_t* k,
                                             const fva_tensor_t* v, size_t* bytes) {
-  return fva::guard([&] {
-    using namespace fva;
-    const fva_handle& handle = checked_handle(h);
-    check_not_null(bytes, "bytes");
-    const cpu::QatProblem p = checked_qat_problem(cfg, q, k, v);
-    require_backend_support(handle, "fva_qat_forward_workspace_size");
-    *bytes = cpu::qat_forward_workspace(p);
-  });
+  using namespace fva;
+  return workspace_query(
+      h, bytes, "fva_qat_forward_workspace_size", [&] { return checked_qat_problem(cfg, q, k, v); },
+      [](const cpu::QatProblem& p) { return cpu::qat_forward_workspace(p); });
 }
 
 fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* q,
@@ -106,14 +102,10 @@ fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const 
 fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                              const fva_tensor_t* q, const fva_tensor_t* k,
                                              const fva_tensor_t* v, size_t* bytes) {
-  return fva::guard([&] {
-    using namespace fva;
-    const fva_handle& handle = checked_handle(h);
-    check_not_null(bytes, "bytes");
-    const cpu::QatProblem p = checked_qat_problem(cfg, q, k, v);
-    require_backend_support(handle, "fva_qat_backward_workspace_size");
-    *bytes = cpu::qat_backward_workspace(p);
-  });
+  using namespace fva;
+  return workspace_query(
+      h, bytes, "fva_qat_backward_workspace_size", [&] { return checked_qat_problem(cfg, q, k, v); },
+      [](const cpu::QatProblem& p) { return cpu::qat_backward_workspace(p); });
 }
 
 fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* q,

@@ -97,14 +97,10 @@ fva_status_t fva_vsa_forward_workspace_size(fva_handle_t h, const fva_vsa_config
                                             const fva_tensor_t* q, const fva_tensor_t* k,
                                             const fva_tensor_t* v, const fva_tensor_t* q2k_idx,
                                             size_t* bytes) {
-  return fva::guard([&] {
-    using namespace fva;
-    const fva_handle& handle = checked_handle(h);
-    check_not_null(bytes, "bytes");
-    const cpu::VsaProblem p = checked_vsa_problem(cfg, q, k, v, q2k_idx);
-    require_backend_support(handle, "fva_vsa_forward_workspace_size");
-    *bytes = cpu::vsa_forward_workspace(p);
-  });
+  using namespace fva;
+  return workspace_query(
+      h, bytes, "fva_vsa_forward_workspace_size", [&] { return checked_vsa_problem(cfg, q, k, v, q2k_idx); },
+      [](const cpu::VsaProblem& p) { return cpu::vsa_forward_workspace(p); });
 }
 
 fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const fva_tensor_t* q,
@@ -137,14 +133,10 @@ fva_status_t fva_vsa_backward_workspace_size(fva_handle_t h, const fva_vsa_confi
                                              const fva_tensor_t* q, const fva_tensor_t* k,
                                              const fva_tensor_t* v, const fva_tensor_t* q2k_idx,
                                              size_t* bytes) {
-  return fva::guard([&] {
-    using namespace fva;
-    const fva_handle& handle = checked_handle(h);
-    check_not_null(bytes, "bytes");
-    const cpu::VsaProblem p = checked_vsa_problem(cfg, q, k, v, q2k_idx);
-    require_backend_support(handle, "fva_vsa_backward_workspace_size");
-    *bytes = cpu::vsa_backward_workspace(p);
-  });
+  using namespace fva;
+  return workspace_query(
+      h, bytes, "fva_vsa_backward_workspace_size", [&] { return checked_vsa_problem(cfg, q, k, v, q2k_idx); },
+      [](const cpu::VsaProblem& p) { return cpu::vsa_backward_workspace(p); });
 }
 
 fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const fva_tensor_t* q,
@@ -183,14 +175,10 @@ fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const
 
 fva_status_t fva_vsa_invert_indices_workspace_size(fva_handle_t h, const fva_tensor_t* q2k_idx,
                                                    const fva_tensor_t* k2q_idx, size_t* bytes) {
-  return fva::guard([&] {
-    using namespace fva;
-    const fva_handle& handle = checked_handle(h);
-    check_not_null(bytes, "bytes");
-    const cpu::VsaIndexProblem p = checked_index_problem(q2k_idx, k2q_idx);
-    require_backend_support(handle, "fva_vsa_invert_indices_workspace_size");
-    *bytes = cpu::vsa_invert_indices_workspace(p);
-  });
+  using namespace fva;
+  return workspace_query(
+      h, bytes, "fva_vsa_invert_indices_workspace_size", [&] { return checked_index_problem(q2k_idx, k2q_idx); },
+      [](const cpu::VsaIndexProblem& p) { return cpu::vsa_invert_indices_workspace(p); });
 }
 
 fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,

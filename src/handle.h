@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include "checks.h"
 #include "cuda/driver.h"
+#include "error.h"
 #include "fvattn/fvattn.h"
 
 struct fva_handle {
@@ -23,5 +25,20 @@ const fva_handle& checked_handle(fva_handle_t h);
 // Fails with FVA_ERR_UNSUPPORTED unless the handle's backend can run `op` (a public function name).
 // Called after every argument check, so bad arguments are reported the same way on every backend.
 void require_backend_support(const fva_handle& h, const char* op);
+
+// The body of every *_workspace_size entry point: check the handle and `bytes`, build the problem
+// (which checks the arguments), make sure the backend runs `op`, then write the size. *bytes is
+// written only on success.
+template <typename MakeProblem, typename SizeOf>
+fva_status_t workspace_query(fva_handle_t h, size_t* bytes, const char* op, MakeProblem make_problem,
+                             SizeOf size_of) {
+  return guard([&] {
+    const fva_handle& handle = checked_handle(h);
+    check_not_null(bytes, "bytes");
+    const auto problem = make_problem();
+    require_backend_support(handle, op);
+    *bytes = size_of(problem);
+  });
+}
 
 }  // namespace fva

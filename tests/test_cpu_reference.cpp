@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "reference64.h"
+#include "support/api_fixtures.h"
 #include "support/host_tensor.h"
 
 namespace {
@@ -27,33 +28,6 @@ using fvt::Layout;
 
 constexpr double kTol = 1e-2;     // o, o_hp, dq, dk, dv
 constexpr double kLseTol = 1e-3;  // lse
-
-struct Handle {
-  fva_handle_t h = nullptr;
-  Handle() {
-    fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
-    o.backend = FVA_BACKEND_CPU;
-    const fva_status_t st = fva_create(&h, &o);
-    REQUIRE_MESSAGE(st == FVA_OK, "fva_create(CPU): " << fva_status_string(st) << ": " << fva_last_error());
-  }
-  ~Handle() { fva_destroy(h); }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-};
-
-// Exactly the queried number of bytes, 64-byte aligned, filled with 0xFF so that a backend relying on
-// zeroed scratch fails.
-fvt::AlignedBuffer workspace(size_t bytes) {
-  fvt::AlignedBuffer ws(bytes);
-  if (bytes) std::memset(ws.data(), 0xFF, bytes);
-  return ws;
-}
-
-#define REQUIRE_OK(call)                                                                          \
-  do {                                                                                            \
-    const fva_status_t st_ = (call);                                                              \
-    REQUIRE_MESSAGE(st_ == FVA_OK, #call << " -> " << fva_status_string(st_) << ": " << fva_last_error()); \
-  } while (0)
 
 ref64::DType ref_dtype(int32_t dt) { return dt == FVA_DTYPE_BF16 ? ref64::DType::BF16 : ref64::DType::F16; }
 
@@ -164,7 +138,7 @@ ref64::QatConfig to_ref(const fva_qat_config_t& c) {
   return r;
 }
 
-void run_qat(const Handle& h, const QatCase& c, std::mt19937_64& rng) {
+void run_qat(const fvt::CpuHandle& h, const QatCase& c, std::mt19937_64& rng) {
   INFO(describe(c));
   const ref64::DType rdt = ref_dtype(c.dtype);
   HostTensor q(c.dtype, {c.B, c.Hq, c.Sq, c.D}, c.layout, c.row_pad);
@@ -189,7 +163,7 @@ void run_qat(const Handle& h, const QatCase& c, std::mt19937_64& rng) {
   size_t ws_bytes = 0;
   REQUIRE_OK(fva_qat_forward_workspace_size(h.h, &c.cfg, q.t(), k.t(), v.t(), &ws_bytes));
   {
-    fvt::AlignedBuffer ws = workspace(ws_bytes);
+    fvt::AlignedBuffer ws = fvt::workspace(ws_bytes);
     REQUIRE_OK(fva_qat_forward(h.h, &c.cfg, q.t(), k.t(), v.t(), o.t(), hp ? o_hp.t() : nullptr,
                                lse.t(), ws.data(), ws_bytes, nullptr));
   }
@@ -219,7 +193,7 @@ void run_qat(const Handle& h, const QatCase& c, std::mt19937_64& rng) {
   HostTensor dv(c.dtype, {c.B, c.Hkv, c.Skv, c.D}, c.layout, c.row_pad);
   REQUIRE_OK(fva_qat_backward_workspace_size(h.h, &c.cfg, q.t(), k.t(), v.t(), &ws_bytes));
   {
-    fvt::AlignedBuffer ws = workspace(ws_bytes);
+    fvt::AlignedBuffer ws = fvt::workspace(ws_bytes);
     REQUIRE_OK(fva_qat_backward(h.h, &c.cfg, q.t(), k.t(), v.t(), o_for_bwd.t(), lse.t(), dout.t(),
                                 dq.t(), dk.t(), dv.t(), ws.data(), ws_bytes, nullptr));
   }
@@ -289,7 +263,7 @@ TEST_CASE("QAT forward and backward match reference64 (every config field, rando
   const uint64_t seed = fvt::test_seed();
   MESSAGE("seed " << seed);
   std::mt19937_64 rng(seed ^ 0x51A7u);
-  Handle h;
+  fvt::CpuHandle h;
 
   // Shape parameters, cycled in a per-run shuffled order so that every value is covered and the
   // combinations vary. Lengths include 1 and values that are not multiples of 16 or 32.
@@ -336,7 +310,7 @@ TEST_CASE("QAT forward and backward match reference64 (every config field, rando
 TEST_CASE("fva_nvfp4_fake_quantize is bit-exact with reference64 (block and tile modes)") {
   const uint64_t seed = fvt::test_seed();
   std::mt19937_64 rng(seed ^ 0xF4F4u);
-  Handle h;
+  fvt::CpuHandle h;
   struct Mode {
     int32_t mode;
     int32_t tile_tokens;
@@ -461,7 +435,7 @@ ref64::VsaIndex random_index(const VsaCase& c, std::mt19937_64& rng) {
 }
 
 // Returns the number of query rows that saw no key (o = 0, lse = -inf).
-int64_t run_vsa(const Handle& h, const VsaCase& c, std::mt19937_64& rng) {
+int64_t run_vsa(const fvt::CpuHandle& h, const VsaCase& c, std::mt19937_64& rng) {
   INFO(describe(c));
   const int64_t Sq = 64 * c.nq, Skv = 64 * c.nkv;
   const ref64::DType rdt = ref_dtype(c.dtype);
@@ -486,7 +460,7 @@ int64_t run_vsa(const Handle& h, const VsaCase& c, std::mt19937_64& rng) {
   size_t ws_bytes = 0;
   REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, q.t(), k.t(), v.t(), q2k_idx.t(), &ws_bytes));
   {
-    fvt::AlignedBuffer ws = workspace(ws_bytes);
+    fvt::AlignedBuffer ws = fvt::workspace(ws_bytes);
     REQUIRE_OK(fva_vsa_forward(h.h, &cfg, q.t(), k.t(), v.t(), q2k_idx.t(), q2k_num.t(), bs.t(), o.t(),
                                lse.t(), ws.data(), ws_bytes, nullptr));
   }
@@ -511,7 +485,7 @@ int64_t run_vsa(const Handle& h, const VsaCase& c, std::mt19937_64& rng) {
       dv(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout);
   REQUIRE_OK(fva_vsa_backward_workspace_size(h.h, &cfg, q.t(), k.t(), v.t(), q2k_idx.t(), &ws_bytes));
   {
-    fvt::AlignedBuffer ws = workspace(ws_bytes);
+    fvt::AlignedBuffer ws = fvt::workspace(ws_bytes);
     REQUIRE_OK(fva_vsa_backward(h.h, &cfg, q.t(), k.t(), v.t(), o.t(), lse.t(), dout.t(), q2k_idx.t(),
                                 q2k_num.t(), bs.t(), dq.t(), dk.t(), dv.t(), ws.data(), ws_bytes, nullptr));
   }
@@ -544,7 +518,7 @@ TEST_CASE("VSA forward and backward match reference64 (ragged blocks, empty rows
   const uint64_t seed = fvt::test_seed();
   MESSAGE("seed " << seed);
   std::mt19937_64 rng(seed ^ 0x75A0u);
-  Handle h;
+  fvt::CpuHandle h;
   const std::vector<std::pair<int64_t, int64_t>> heads =
       shuffled<std::pair<int64_t, int64_t>>({{1, 1}, {2, 1}, {4, 2}, {2, 2}, {3, 1}}, rng);
   std::uniform_real_distribution<double> scale_dist(0.05, 0.2);
@@ -572,7 +546,7 @@ TEST_CASE("VSA forward and backward match reference64 (ragged blocks, empty rows
 TEST_CASE("fva_vsa_invert_indices equals reference64 exactly") {
   const uint64_t seed = fvt::test_seed();
   std::mt19937_64 rng(seed ^ 0x1D1Cu);
-  Handle h;
+  fvt::CpuHandle h;
   for (int i = 0; i < 6; ++i) {
     VsaCase c{"invert " + std::to_string(i), 1 + static_cast<int64_t>(rng() % 2), 1 + static_cast<int64_t>(rng() % 3),
               1, 1 + static_cast<int64_t>(rng() % 6), 2 + static_cast<int64_t>(rng() % 7),
@@ -586,7 +560,7 @@ TEST_CASE("fva_vsa_invert_indices equals reference64 exactly") {
     q2k_num.fill_i32(idx.q2k_num);
     size_t ws_bytes = 0;
     REQUIRE_OK(fva_vsa_invert_indices_workspace_size(h.h, q2k_idx.t(), k2q_idx.t(), &ws_bytes));
-    fvt::AlignedBuffer ws = workspace(ws_bytes);
+    fvt::AlignedBuffer ws = fvt::workspace(ws_bytes);
     // Poison with a value that is neither -1 nor a block index.
     std::vector<int32_t> poison_idx(static_cast<size_t>(k2q_idx.numel()), 0x7EADBEEF);
     k2q_idx.fill_i32(poison_idx);

@@ -29,6 +29,7 @@
 
 #include "reference64.h"
 #include "support/golden.h"
+#include "support/api_fixtures.h"
 #include "support/host_tensor.h"
 
 namespace {
@@ -48,29 +49,6 @@ constexpr double kTieCaseBound = 4e-2;
 // Tile-mode fake quantization: fraction of 16-element groups allowed to differ from golden. SPEC
 // says "under 0.5%"; measured with an exact-division implementation: 0.54% (q), 1.12% (k), 0.54% (v).
 constexpr double kTileGroupFraction = 0.015;
-
-struct Handle {
-  fva_handle_t h = nullptr;
-  Handle() {
-    fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
-    o.backend = FVA_BACKEND_CPU;
-    const fva_status_t st = fva_create(&h, &o);
-    REQUIRE_MESSAGE(st == FVA_OK, "fva_create(CPU): " << fva_status_string(st) << ": " << fva_last_error());
-  }
-  ~Handle() { fva_destroy(h); }
-};
-
-#define REQUIRE_OK(call)                                                                          \
-  do {                                                                                            \
-    const fva_status_t st_ = (call);                                                              \
-    REQUIRE_MESSAGE(st_ == FVA_OK, #call << " -> " << fva_status_string(st_) << ": " << fva_last_error()); \
-  } while (0)
-
-fvt::AlignedBuffer workspace(size_t bytes) {
-  fvt::AlignedBuffer ws(bytes);
-  if (bytes) std::memset(ws.data(), 0xFF, bytes);
-  return ws;
-}
 
 // A bf16 HostTensor (contiguous BHSD) holding a ref64 tensor's values.
 HostTensor bf16_tensor(const ref64::Tensor& t) {
@@ -115,11 +93,11 @@ struct QatOut {
   std::vector<double> o, o_hp, lse;
 };
 
-QatOut lib_forward(const Handle& h, const fva_qat_config_t& cfg, const HostTensor& q, const HostTensor& k,
+QatOut lib_forward(const fvt::CpuHandle& h, const fva_qat_config_t& cfg, const HostTensor& q, const HostTensor& k,
                    const HostTensor& v, HostTensor& o, HostTensor& o_hp, HostTensor& lse) {
   size_t bytes = 0;
   REQUIRE_OK(fva_qat_forward_workspace_size(h.h, &cfg, q.t(), k.t(), v.t(), &bytes));
-  fvt::AlignedBuffer ws = workspace(bytes);
+  fvt::AlignedBuffer ws = fvt::workspace(bytes);
   o.poison();
   o_hp.poison();
   lse.poison();
@@ -128,12 +106,12 @@ QatOut lib_forward(const Handle& h, const fva_qat_config_t& cfg, const HostTenso
   return {o.values(), cfg.high_precision_o ? o_hp.values() : std::vector<double>{}, lse.values()};
 }
 
-ref64::Grads lib_backward(const Handle& h, const fva_qat_config_t& cfg, const HostTensor& q, const HostTensor& k,
+ref64::Grads lib_backward(const fvt::CpuHandle& h, const fva_qat_config_t& cfg, const HostTensor& q, const HostTensor& k,
                           const HostTensor& v, const HostTensor& o_bwd, const HostTensor& lse,
                           const HostTensor& dout) {
   size_t bytes = 0;
   REQUIRE_OK(fva_qat_backward_workspace_size(h.h, &cfg, q.t(), k.t(), v.t(), &bytes));
-  fvt::AlignedBuffer ws = workspace(bytes);
+  fvt::AlignedBuffer ws = fvt::workspace(bytes);
   HostTensor dq(FVA_DTYPE_BF16, q.shape()), dk(FVA_DTYPE_BF16, k.shape()), dv(FVA_DTYPE_BF16, v.shape());
   REQUIRE_OK(fva_qat_backward(h.h, &cfg, q.t(), k.t(), v.t(), o_bwd.t(), lse.t(), dout.t(), dq.t(), dk.t(),
                               dv.t(), ws.data(), bytes, nullptr));
@@ -144,7 +122,7 @@ ref64::Grads lib_backward(const Handle& h, const fva_qat_config_t& cfg, const Ho
 // Block mode: bit for bit. Tile mode: the groups that differ must be few (kTileGroupFraction) and each
 // element of them within one quantization step of golden (an E2M1 step is at most a third of the
 // group's largest magnitude; an E4M3 scale step moves values by 1/8 or less).
-void check_fake(const Handle& h, const GoldenCase& gc, const std::string& name, const ref64::Tensor& x,
+void check_fake(const fvt::CpuHandle& h, const GoldenCase& gc, const std::string& name, const ref64::Tensor& x,
                 ref64::Scale mode) {
   INFO(gc.name << " fake_" << name);
   HostTensor hx = bf16_tensor(x), hy = like(x);
@@ -187,7 +165,7 @@ void check_fake(const Handle& h, const GoldenCase& gc, const std::string& name, 
 TEST_CASE("golden QAT cases through the public API (CPU backend), and reference64 against them") {
   const std::vector<GoldenCase> cases = fvt::list_golden("qat");
   REQUIRE(cases.size() >= 5);
-  Handle h;
+  fvt::CpuHandle h;
   for (const GoldenCase& gc : cases) {
     INFO("golden qat/" << gc.name);
     const ref64::QatConfig rcfg = fvt::golden_qat_config(gc);
@@ -307,7 +285,7 @@ TEST_CASE("golden QAT cases through the public API (CPU backend), and reference6
 TEST_CASE("golden VSA cases through the public API (CPU backend), and reference64 against them") {
   const std::vector<GoldenCase> cases = fvt::list_golden("vsa");
   REQUIRE(!cases.empty());
-  Handle h;
+  fvt::CpuHandle h;
   for (const GoldenCase& gc : cases) {
     INFO("golden vsa/" << gc.name);
     const ref64::Tensor q = fvt::golden_tensor(gc, "q"), k = fvt::golden_tensor(gc, "k"),
@@ -352,7 +330,7 @@ TEST_CASE("golden VSA cases through the public API (CPU backend), and reference6
       HostTensor k2q_idx(FVA_DTYPE_I32, {idx.B, idx.H, nkv, idx.num_q_blocks}), k2q_num(FVA_DTYPE_I32, {idx.B, idx.H, nkv});
       size_t bytes = 0;
       REQUIRE_OK(fva_vsa_invert_indices_workspace_size(h.h, hidx.t(), k2q_idx.t(), &bytes));
-      fvt::AlignedBuffer ws = workspace(bytes);
+      fvt::AlignedBuffer ws = fvt::workspace(bytes);
       REQUIRE_OK(fva_vsa_invert_indices(h.h, hidx.t(), hnum.t(), k2q_idx.t(), k2q_num.t(), ws.data(), bytes, nullptr));
       CHECK(k2q_num.values_i32() == fvt::golden_i32(gc, "k2q_num"));
       const ref64::K2Q inv = ref64::vsa_invert_indices(idx, nkv);
@@ -365,7 +343,7 @@ TEST_CASE("golden VSA cases through the public API (CPU backend), and reference6
     {
       size_t bytes = 0;
       REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, hq.t(), hk.t(), hv.t(), hidx.t(), &bytes));
-      fvt::AlignedBuffer ws = workspace(bytes);
+      fvt::AlignedBuffer ws = fvt::workspace(bytes);
       REQUIRE_OK(fva_vsa_forward(h.h, &cfg, hq.t(), hk.t(), hv.t(), hidx.t(), hnum.t(), hbs.t(), ho.t(), hlse.t(),
                                  ws.data(), bytes, nullptr));
     }
@@ -378,7 +356,7 @@ TEST_CASE("golden VSA cases through the public API (CPU backend), and reference6
       INFO("backward from " << from << " o and lse");
       size_t bytes = 0;
       REQUIRE_OK(fva_vsa_backward_workspace_size(h.h, &cfg, hq.t(), hk.t(), hv.t(), hidx.t(), &bytes));
-      fvt::AlignedBuffer ws = workspace(bytes);
+      fvt::AlignedBuffer ws = fvt::workspace(bytes);
       HostTensor dq = like(q), dk = like(k), dv = like(v);
       REQUIRE_OK(fva_vsa_backward(h.h, &cfg, hq.t(), hk.t(), hv.t(), o.t(), lse.t(), hdo.t(), hidx.t(), hnum.t(),
                                   hbs.t(), dq.t(), dk.t(), dv.t(), ws.data(), bytes, nullptr));
