@@ -66,7 +66,7 @@ fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_qat_forward_workspace_size", [&] { return checked_qat_problem(cfg, q, k, v); },
-      [](const cpu::QatProblem& p) { return cpu::qat_forward_workspace(p); });
+      cpu::qat_forward_workspace);
 }
 
 fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* q,
@@ -105,7 +105,7 @@ fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_confi
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_qat_backward_workspace_size", [&] { return checked_qat_problem(cfg, q, k, v); },
-      [](const cpu::QatProblem& p) { return cpu::qat_backward_workspace(p); });
+      cpu::qat_backward_workspace);
 }
 
 fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* q,

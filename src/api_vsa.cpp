@@ -100,7 +100,7 @@ fva_status_t fva_vsa_forward_workspace_size(fva_handle_t h, const fva_vsa_config
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_vsa_forward_workspace_size", [&] { return checked_vsa_problem(cfg, q, k, v, q2k_idx); },
-      [](const cpu::VsaProblem& p) { return cpu::vsa_forward_workspace(p); });
+      cpu::vsa_forward_workspace);
 }
 
 fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const fva_tensor_t* q,
@@ -136,7 +136,7 @@ fva_status_t fva_vsa_backward_workspace_size(fva_handle_t h, const fva_vsa_confi
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_vsa_backward_workspace_size", [&] { return checked_vsa_problem(cfg, q, k, v, q2k_idx); },
-      [](const cpu::VsaProblem& p) { return cpu::vsa_backward_workspace(p); });
+      cpu::vsa_backward_workspace);
 }
 
 fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const fva_tensor_t* q,
@@ -178,7 +178,7 @@ fva_status_t fva_vsa_invert_indices_workspace_size(fva_handle_t h, const fva_ten
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_vsa_invert_indices_workspace_size", [&] { return checked_index_problem(q2k_idx, k2q_idx); },
-      [](const cpu::VsaIndexProblem& p) { return cpu::vsa_invert_indices_workspace(p); });
+      cpu::vsa_invert_indices_workspace);
 }
 
 fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,

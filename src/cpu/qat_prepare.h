@@ -18,11 +18,6 @@ namespace fva::cpu::qat {
 // The second-level (tile) scale of Q/K/V also covers 32 tokens.
 constexpr int64_t kQatTile = 32;
 
-// x rounded to the tensor dtype (bf16 or f16), as a float.
-inline float round_to_dtype(int32_t dtype, float x) {
-  return dtype == FVA_DTYPE_BF16 ? round_to_bf16(x) : round_to_f16(x);
-}
-
 // ---- NVFP4 on fp32 buffers -----------------------------------------------------------------------
 
 // Fake-quantizes, in place, `rows` token rows of `D` contiguous floats (row stride D, D % 16 == 0):

@@ -9,6 +9,11 @@
 
 namespace fva::cpu {
 
+// x rounded to an attention dtype (bf16 or f16), as a float: what storing x in that dtype keeps.
+inline float round_to_dtype(int32_t dtype, float x) {
+  return dtype == FVA_DTYPE_BF16 ? round_to_bf16(x) : round_to_f16(x);
+}
+
 // An attention tensor [B, H, S, D] of bf16 or f16, read and written as float.
 struct AttnView {
   char* data = nullptr;
@@ -38,15 +43,26 @@ struct AttnView {
     return dtype == FVA_DTYPE_BF16 ? bf16_bits_from_float(x) : f16_bits_from_float(x);
   }
   // x rounded to this tensor's dtype, as a float.
-  float round(float x) const { return to_float(from_float(x)); }
+  float round(float x) const { return round_to_dtype(dtype, x); }
 
+  // Row (b, h, s) as D floats. The dtype test sits outside the element loop so the conversion loop
+  // stays branch-free (and vectorizes).
   void load_row(int64_t b, int64_t h, int64_t s, float* out) const {
     const uint16_t* p = row(b, h, s);
-    for (int64_t d = 0; d < shape[3]; ++d) out[d] = to_float(p[d]);
+    if (dtype == FVA_DTYPE_BF16) {
+      for (int64_t d = 0; d < shape[3]; ++d) out[d] = float_from_bf16_bits(p[d]);
+    } else {
+      for (int64_t d = 0; d < shape[3]; ++d) out[d] = float_from_f16_bits(p[d]);
+    }
   }
-  void store_row(int64_t b, int64_t h, int64_t s, const float* in) const {
+  // Row (b, h, s) <- mul * in, each value rounded to the dtype.
+  void store_row(int64_t b, int64_t h, int64_t s, const float* in, float mul = 1.0f) const {
     uint16_t* p = row(b, h, s);
-    for (int64_t d = 0; d < shape[3]; ++d) p[d] = from_float(in[d]);
+    if (dtype == FVA_DTYPE_BF16) {
+      for (int64_t d = 0; d < shape[3]; ++d) p[d] = bf16_bits_from_float(in[d] * mul);
+    } else {
+      for (int64_t d = 0; d < shape[3]; ++d) p[d] = f16_bits_from_float(in[d] * mul);
+    }
   }
 };
 

@@ -124,8 +124,8 @@ void grad_block(float c, int32_t dtype, int64_t D, int64_t n, const float* q, co
     }
     for (int64_t j = 0; j < n; ++j) {
       const float pj = std::exp2(si[j] * c - lse[i]);
-      si[j] = round_to(dtype, pj);
-      dpi[j] = round_to(dtype, pj * (dpi[j] - delta[i]));
+      si[j] = round_to_dtype(dtype, pj);
+      dpi[j] = round_to_dtype(dtype, pj * (dpi[j] - delta[i]));
     }
   }
 }

@@ -34,25 +34,10 @@ inline int64_t kv_tokens(const I32View& block_sizes, int64_t kv) {
 
 // ---- fp32 staging and block products ----------------------------------------------------------
 
-// x rounded to the tensor dtype (P and dS are rounded before their products, as on the GPU).
-inline float round_to(int32_t dtype, float x) {
-  return dtype == FVA_DTYPE_BF16 ? round_to_bf16(x) : round_to_f16(x);
-}
-
-// `rows` tokens of x from token s0 into row-major fp32 [rows x D]. The dtype test sits outside the
-// element loop so the conversion loop stays branch-free.
+// `rows` tokens of x from token s0 into row-major fp32 [rows x D].
 inline void load_rows(const AttnView& x, int64_t b, int64_t h, int64_t s0, int64_t rows,
                       float* out) {
-  const int64_t D = x.shape[3];
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* src = x.row(b, h, s0 + r);
-    float* dst = out + r * D;
-    if (x.dtype == FVA_DTYPE_BF16) {
-      for (int64_t d = 0; d < D; ++d) dst[d] = float_from_bf16_bits(src[d]);
-    } else {
-      for (int64_t d = 0; d < D; ++d) dst[d] = float_from_f16_bits(src[d]);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) x.load_row(b, h, s0 + r, out + r * x.shape[3]);
 }
 
 // Row-major [rows x D] to [D x kBlock] (column r of the result = row r of the input). Keys and
@@ -65,16 +50,7 @@ inline void transpose_rows(const float* in, int64_t rows, int64_t D, float* out)
 // `rows` tokens of x from token s0 <- mul * in (row-major [rows x D]), rounded to the dtype.
 inline void store_rows(const AttnView& x, int64_t b, int64_t h, int64_t s0, int64_t rows,
                        const float* in, float mul) {
-  const int64_t D = x.shape[3];
-  for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* dst = x.row(b, h, s0 + r);
-    const float* src = in + r * D;
-    if (x.dtype == FVA_DTYPE_BF16) {
-      for (int64_t d = 0; d < D; ++d) dst[d] = bf16_bits_from_float(src[d] * mul);
-    } else {
-      for (int64_t d = 0; d < D; ++d) dst[d] = f16_bits_from_float(src[d] * mul);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) x.store_row(b, h, s0 + r, in + r * x.shape[3], mul);
 }
 
 // S = A·Kᵀ for a block of kBlock rows: s[i * kBlock + j] = a_i·k_j for j < n, with A row-major

@@ -56,7 +56,7 @@ void update_row(float c, int32_t dtype, int64_t D, int64_t n, float* s, const fl
   for (int64_t j = 0; j < n; ++j) {
     const float pj = std::exp2(s[j] * c - m_new);
     sum += pj;                    // l sums the unrounded p ...
-    s[j] = round_to(dtype, pj);   // ... P·V uses p in the tensor dtype, as the GPU's MMA does
+    s[j] = round_to_dtype(dtype, pj);   // ... P·V uses p in the tensor dtype, as the GPU's MMA does
   }
   l = l * alpha + sum;
   m = m_new;
