@@ -6,3 +6,11 @@ add_test(NAME library_exports
 add_test(NAME installed_consumers
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/consumer/run_consumers.sh ${PROJECT_BINARY_DIR}
                  ${CMAKE_CURRENT_SOURCE_DIR}/consumer ${CMAKE_C_COMPILER})
+
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME header_cffi_parse
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/consumer/cffi_parse.py
+                   ${PROJECT_SOURCE_DIR}/include/fvattn/fvattn.h $<TARGET_FILE:fvattn> ${CMAKE_C_COMPILER})
+  set_tests_properties(header_cffi_parse PROPERTIES SKIP_RETURN_CODE 77)
+endif()
