@@ -7,8 +7,6 @@
 namespace fva {
 namespace {
 
-constexpr int kB = 0, kH = 1, kS = 2, kD = 3;
-
 bool qat_head_dim_supported(int64_t d) {
   return d == 16 || d == 32 || d == 64 || d == 128 || d == 256;
 }
@@ -52,8 +50,6 @@ cpu::QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_
   p.D = q->shape[kD];
   return p;
 }
-
-
 
 }  // namespace
 }  // namespace fva

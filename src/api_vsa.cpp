@@ -7,8 +7,6 @@
 namespace fva {
 namespace {
 
-constexpr int kB = 0, kH = 1, kS = 2, kD = 3;
-
 fva_vsa_config_t checked_vsa_config(const fva_vsa_config_t* user) {
   const fva_vsa_config_t defaults = FVA_VSA_CONFIG_INIT;
   const fva_vsa_config_t c = read_config(user, defaults, "cfg", "fva_vsa_config_t");
@@ -69,8 +67,6 @@ void check_block_metadata(const fva_tensor_t* q2k_num, const fva_tensor_t* block
   check_tensor("block_sizes", block_sizes, 1, kI32Only, false, "[num_kv_blocks]");
   check_dim_is("block_sizes", block_sizes, 0, p.num_kv_blocks, "num_kv_blocks = k.shape[2] / 64");
 }
-
-
 
 // q2k_idx and k2q_idx agree on B, H and the block counts; returns the inversion problem.
 cpu::VsaIndexProblem checked_index_problem(const fva_tensor_t* q2k_idx, const fva_tensor_t* k2q_idx) {

@@ -20,6 +20,9 @@ constexpr DtypeMask kHalfTypes = dtype_bit(FVA_DTYPE_BF16) | dtype_bit(FVA_DTYPE
 constexpr DtypeMask kF32Only = dtype_bit(FVA_DTYPE_F32);
 constexpr DtypeMask kI32Only = dtype_bit(FVA_DTYPE_I32);
 
+// Dimensions of an attention tensor [B, H, S, D].
+constexpr int kB = 0, kH = 1, kS = 2, kD = 3;
+
 // Alignment the kernels need for vector loads and TMA (bytes).
 constexpr size_t kRequiredAlignment = 16;
 
