@@ -144,6 +144,14 @@ void check_tensor(const char* name, const fva_tensor_t* t, int rank, DtypeMask a
       fail(FVA_ERR_INVALID_ARGUMENT, "{}: strides[{}] is {} but strides must be >= 0", name, i,
            t->strides[i]);
   }
+  // Element counts bound every size derived from them (workspaces hold a few fp32 copies), so no
+  // size computation can wrap, even for inputs broadcast with zero strides.
+  int64_t numel = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (__builtin_mul_overflow(numel, t->shape[i], &numel) || numel > kMaxElements)
+      fail(FVA_ERR_UNSUPPORTED, "{}: shape {} has more than 2^56 elements, more than fvattn supports",
+           name, shape_string(t));
+  }
   if (t->strides[rank - 1] != 1)
     fail(FVA_ERR_INVALID_ARGUMENT, "{}: strides[{}] is {} but the last stride must be 1", name,
          rank - 1, t->strides[rank - 1]);

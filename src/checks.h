@@ -23,6 +23,10 @@ constexpr DtypeMask kI32Only = dtype_bit(FVA_DTYPE_I32);
 // Dimensions of an attention tensor [B, H, S, D].
 constexpr int kB = 0, kH = 1, kS = 2, kD = 3;
 
+// The most elements one tensor may have (2^56): far beyond any memory, small enough that no size
+// derived from it overflows.
+constexpr int64_t kMaxElements = int64_t{1} << 56;
+
 // Alignment the kernels need for vector loads and TMA (bytes).
 constexpr size_t kRequiredAlignment = 16;
 

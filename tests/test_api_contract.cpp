@@ -189,6 +189,8 @@ TEST_CASE("QAT forward: bad inputs return their status and message and write not
        {FVA_ERR_INVALID_ARGUMENT, "overflows 64-bit offsets"}},
       {"byte offsets overflow", [](QatFwd& f) { f.tq.strides[1] = int64_t{1} << 62; },
        {FVA_ERR_INVALID_ARGUMENT, "q: shape [1, 2, 32, 16] with strides [1024, 4611686018427387904, 16, 1] overflows 64-bit offsets"}},
+      {"absurd broadcast input", [](QatFwd& f) { f.tk.shape[2] = f.tv.shape[2] = int64_t{1} << 60; f.tk.strides[2] = f.tv.strides[2] = 0; },
+       {FVA_ERR_UNSUPPORTED, "k: shape [1, 1, 1152921504606846976, 16] has more than 2^56 elements"}},
       {"misaligned data", [](QatFwd& f) { f.tv.data = static_cast<char*>(f.tv.data) + 2; },
        {FVA_ERR_INVALID_ARGUMENT, "is not 16-byte aligned"}},
       {"row stride not 16-byte multiple", [](QatFwd& f) { f.tq.strides[2] = 17; },

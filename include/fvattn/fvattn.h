@@ -104,7 +104,8 @@ FVA_API const char* fva_last_error(void);
  * Rules every tensor argument is checked against: data not NULL and 16-byte aligned; rank and dtype
  * as the operation says; shape[i] >= 1; strides[i] >= 0 with strides[rank-1] == 1; the largest
  * element offset fits in 64 bits; for bf16/f16 attention tensors, every stride but the last a
- * multiple of 8 elements (16 bytes); outputs may not overlap inputs or each other. */
+ * multiple of 8 elements (16 bytes); outputs may not overlap inputs or each other; at most 2^56
+ * elements (FVA_ERR_UNSUPPORTED beyond). */
 typedef struct fva_tensor {
   void* data;
   int32_t dtype; /* FVA_DTYPE_* */
