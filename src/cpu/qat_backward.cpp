@@ -228,8 +228,8 @@ void backward_kv_tile(const BackwardContext& cx, int64_t b, int64_t hk, int64_t 
 // hands to pass 2).
 size_t qat_backward_workspace(const QatProblem& p) {
   const size_t delta_bytes =
-      align_up(static_cast<size_t>(p.B * p.Hq * p.Sq) * sizeof(float), kQatWorkspaceAlign);
-  return qat_layout(p).end + delta_bytes + kQatWorkspacePad;
+      workspace_round_up(static_cast<size_t>(p.B * p.Hq * p.Sq) * sizeof(float));
+  return qat_layout(p).end + delta_bytes + kWorkspaceBasePad;
 }
 
 void qat_backward(const QatProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
@@ -237,7 +237,7 @@ void qat_backward(const QatProblem& p, const AttnView& q, const AttnView& k, con
                   const AttnView& dq, const AttnView& dk, const AttnView& dv, void* ws,
                   int threads) {
   const bool quantize = p.cfg.quantize != 0;
-  char* base = qat_workspace_base(ws);
+  char* base = workspace_base(ws);
   // FastVideo's use_qat_qkv_backward = 0 runs the backward on the unquantized (but smoothed) inputs.
   const QatTensors t =
       qat_prepare(p, q, k, v, quantize && p.cfg.quantized_qkv_backward != 0, base, threads);

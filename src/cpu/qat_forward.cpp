@@ -120,13 +120,13 @@ void forward_query_tile(const ForwardContext& cx, int64_t b, int64_t h, int64_t 
 
 }  // namespace
 
-size_t qat_forward_workspace(const QatProblem& p) { return qat_layout(p).end + kQatWorkspacePad; }
+size_t qat_forward_workspace(const QatProblem& p) { return qat_layout(p).end + kWorkspaceBasePad; }
 
 void qat_forward(const QatProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
                  const AttnView& o, const AttnView* o_hp, const F32View& lse, void* ws,
                  int threads) {
   const QatTensors t =
-      qat_prepare(p, q, k, v, p.cfg.quantize != 0, qat_workspace_base(ws), threads);
+      qat_prepare(p, q, k, v, p.cfg.quantize != 0, workspace_base(ws), threads);
   const ForwardContext cx{p, t, o, o_hp, lse, q.dtype,
                           static_cast<float>(static_cast<double>(p.scale) * kLog2e)};
   const int64_t q_tiles = (p.Sq + kQatTile - 1) / kQatTile;

@@ -71,7 +71,7 @@ void nvfp4_quantize_p_tile(const float* p, float* out, int64_t rows, int64_t col
 namespace {
 
 size_t floats_bytes(int64_t n) {
-  return align_up(static_cast<size_t>(n) * sizeof(float), kQatWorkspaceAlign);
+  return workspace_round_up(static_cast<size_t>(n) * sizeof(float));
 }
 
 // The per-channel mean of k over (B, Hkv, Skv), accumulated in double and rounded to the dtype (what
@@ -122,12 +122,6 @@ QatLayout qat_layout(const QatProblem& p) {
   l.k_mean = l.fv + floats_bytes(p.B * p.Hkv * p.Skv * p.D);
   l.end = l.k_mean + floats_bytes(p.D);
   return l;
-}
-
-char* qat_workspace_base(void* ws) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(ws);
-  const uintptr_t aligned = (a + kQatWorkspaceAlign - 1) & ~static_cast<uintptr_t>(kQatWorkspaceAlign - 1);
-  return static_cast<char*>(ws) + (aligned - a);
 }
 
 QatTensors qat_prepare(const QatProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,

@@ -10,6 +10,7 @@
 
 #include "cpu_ops.h"
 #include "views.h"
+#include "workspace.h"
 
 // Everything here lives in fva::cpu::qat, apart from the other CPU operations' helpers.
 namespace fva::cpu::qat {
@@ -53,14 +54,8 @@ struct QatLayout {
 };
 QatLayout qat_layout(const QatProblem& p);
 
-// The caller's workspace (16-byte aligned by the API contract) rounded up to 64 bytes; a workspace
-// size must include kQatWorkspacePad for it.
-constexpr size_t kQatWorkspaceAlign = 64;
-constexpr size_t kQatWorkspacePad = kQatWorkspaceAlign;
-char* qat_workspace_base(void* ws);
-inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// Fills the buffers of qat_layout(p) at `base` (from qat_workspace_base) and returns pointers to them.
+// Fills the buffers of qat_layout(p) at `base` (from workspace_base) and returns pointers to them.
 QatTensors qat_prepare(const QatProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
                        bool quantize, char* base, int threads);
 

@@ -31,17 +31,17 @@ struct BackwardWorkspace {
 };
 
 size_t delta_bytes(const VsaProblem& p) {
-  return align_up(sizeof(float) * static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * kBlock));
+  return workspace_round_up(sizeof(float) * static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * kBlock));
 }
 size_t offsets_bytes(const VsaProblem& p) {
-  return align_up(sizeof(int64_t) * static_cast<size_t>(p.B * p.Hq * (p.num_kv_blocks + 1)));
+  return workspace_round_up(sizeof(int64_t) * static_cast<size_t>(p.B * p.Hq * (p.num_kv_blocks + 1)));
 }
 size_t entries_bytes(const VsaProblem& p) {
-  return align_up(sizeof(int32_t) * static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * p.max_k));
+  return workspace_round_up(sizeof(int32_t) * static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * p.max_k));
 }
 
 BackwardWorkspace carve(const VsaProblem& p, void* ws) {
-  char* base = align_ptr(ws);
+  char* base = workspace_base(ws);
   BackwardWorkspace w;
   w.delta = reinterpret_cast<float*>(base);
   w.offsets = reinterpret_cast<int64_t*>(base + delta_bytes(p));
@@ -220,7 +220,7 @@ void dkdv_kv_block(const BackwardArgs& a, int64_t b, int64_t hkv, int64_t kv, Ba
 }  // namespace
 
 size_t vsa_backward_workspace(const VsaProblem& p) {
-  return kWsAlign - 1 + delta_bytes(p) + offsets_bytes(p) + entries_bytes(p);
+  return kWorkspaceBasePad + delta_bytes(p) + offsets_bytes(p) + entries_bytes(p);
 }
 
 void vsa_backward(const VsaProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,

@@ -10,6 +10,7 @@
 #include "cpu_ops.h"
 #include "parallel.h"
 #include "views.h"
+#include "workspace.h"
 
 namespace fva::cpu::vsa {
 
@@ -121,17 +122,6 @@ void parallel_chunks(int64_t n, int threads, const Body& body) {
   const int64_t per = (n + target - 1) / target;
   const int64_t chunks = (n + per - 1) / per;
   parallel_for(chunks, threads, [&](int64_t c) { body(c * per, std::min(n, (c + 1) * per)); });
-}
-
-constexpr size_t kWsAlign = 64;
-
-inline size_t align_up(size_t bytes) { return (bytes + kWsAlign - 1) / kWsAlign * kWsAlign; }
-
-// The API guarantees 16-byte alignment of ws; sub-buffers start on 64 bytes (one cache line), so a
-// workspace size includes kWsAlign - 1 bytes for aligning the base.
-inline char* align_ptr(void* p) {
-  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
-  return reinterpret_cast<char*>((u + kWsAlign - 1) / kWsAlign * kWsAlign);
 }
 
 }  // namespace fva::cpu::vsa
