@@ -6,6 +6,7 @@
 
 #include "checks.h"
 #include "cpu/parallel.h"
+#include "cuda/kernel_images.h"
 #include "error.h"
 #include "handle.h"
 
@@ -17,12 +18,13 @@ const fva_handle& checked_handle(fva_handle_t h) {
 }
 
 void require_backend_support(const fva_handle& h, const char* op) {
-  if (h.backend == FVA_BACKEND_CPU) return;
+  if (h.backend == FVA_BACKEND_CPU || h.image != "none") return;
   fail(FVA_ERR_UNSUPPORTED,
-       "{}: fvattn {}.{}.{} has no CUDA kernels yet (device {} \"{}\", sm_{}{}); create the handle "
+       "{}: this libfvattn has no kernel image for device {} \"{}\" (sm_{}{}){}; create the handle "
        "with FVA_BACKEND_CPU and pass host pointers to use the CPU reference backend",
-       op, FVA_VERSION_MAJOR, FVA_VERSION_MINOR, FVA_VERSION_PATCH, h.device.ordinal,
-       h.device.name, h.device.sm_major, h.device.sm_minor);
+       op, h.device.ordinal, h.device.name, h.device.sm_major, h.device.sm_minor,
+       cuda::images_built() ? " (images: sm_90a, sm_100a, sm_120, PTX for compute_120 and newer)"
+                            : " (it was built with FVATTN_CUDA=OFF)");
 }
 
 namespace {
@@ -65,7 +67,7 @@ fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
       std::string why;
       if (cuda::query_device(o.device, &h->device, &why)) {
         h->backend = FVA_BACKEND_CUDA;
-        h->image = "none";  // no kernel image is built into this release yet
+        h->image = cuda::image_for(h->device.sm_major, h->device.sm_minor);
       } else if (o.backend == FVA_BACKEND_CUDA) {
         fail(FVA_ERR_NO_DEVICE, "FVA_BACKEND_CUDA requested but no usable CUDA device: {}", why);
       } else {

@@ -1,6 +1,7 @@
 // Entry points of QAT attention and of NVFP4 fake quantization: argument checks, then dispatch.
 #include "checks.h"
 #include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
 #include "error.h"
 #include "handle.h"
 
@@ -42,6 +43,7 @@ cpu::QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_
   cpu::QatProblem p;
   p.cfg = cfg;
   p.scale = resolve_softmax_scale(cfg.softmax_scale, q->shape[kD]);
+  p.dtype = q->dtype;
   p.B = q->shape[kB];
   p.Hq = q->shape[kH];
   p.Hkv = k->shape[kH];
@@ -49,6 +51,18 @@ cpu::QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_
   p.Skv = k->shape[kS];
   p.D = q->shape[kD];
   return p;
+}
+
+size_t forward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
+  if (h.backend == FVA_BACKEND_CPU) return cpu::qat_forward_workspace(p);
+  cuda::require_qat_support(p, p.dtype);
+  return cuda::qat_forward_workspace(p);
+}
+
+size_t backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
+  if (h.backend == FVA_BACKEND_CPU) return cpu::qat_backward_workspace(p);
+  cuda::require_qat_support(p, p.dtype);
+  return cuda::qat_backward_workspace(p);
 }
 
 }  // namespace
@@ -62,14 +76,13 @@ fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_qat_forward_workspace_size", [&] { return checked_qat_problem(cfg, q, k, v); },
-      cpu::qat_forward_workspace);
+      forward_workspace);
 }
 
 fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* q,
                              const fva_tensor_t* k, const fva_tensor_t* v, const fva_tensor_t* o,
                              const fva_tensor_t* o_hp, const fva_tensor_t* lse, void* ws,
                              size_t ws_bytes, void* stream) {
-  (void)stream;  // the CPU backend runs synchronously
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
@@ -86,7 +99,11 @@ fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const 
     check_no_overlap({{"q", q, false}, {"k", k, false}, {"v", v, false}, {"o", o, true},
                       {"o_hp", o_hp, true}, {"lse", lse, true}});
     require_backend_support(handle, "fva_qat_forward");
-    check_workspace(ws, ws_bytes, cpu::qat_forward_workspace(p), "fva_qat_forward_workspace_size");
+    check_workspace(ws, ws_bytes, forward_workspace(handle, p), "fva_qat_forward_workspace_size");
+    if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::qat_forward(handle, p, *q, *k, *v, *o, o_hp, *lse, ws, stream);
+      return;
+    }
 
     const cpu::AttnView o_hp_view = o_hp ? cpu::AttnView::of(*o_hp) : cpu::AttnView{};
     cpu::qat_forward(p, cpu::AttnView::of(*q), cpu::AttnView::of(*k), cpu::AttnView::of(*v),
@@ -101,7 +118,7 @@ fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_confi
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_qat_backward_workspace_size", [&] { return checked_qat_problem(cfg, q, k, v); },
-      cpu::qat_backward_workspace);
+      backward_workspace);
 }
 
 fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* q,
@@ -110,7 +127,6 @@ fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const
                               const fva_tensor_t* dout, const fva_tensor_t* dq,
                               const fva_tensor_t* dk, const fva_tensor_t* dv, void* ws,
                               size_t ws_bytes, void* stream) {
-  (void)stream;
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
@@ -125,7 +141,11 @@ fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const
                       {"o_for_bwd", o_for_bwd, false}, {"lse", lse, false}, {"dout", dout, false},
                       {"dq", dq, true}, {"dk", dk, true}, {"dv", dv, true}});
     require_backend_support(handle, "fva_qat_backward");
-    check_workspace(ws, ws_bytes, cpu::qat_backward_workspace(p), "fva_qat_backward_workspace_size");
+    check_workspace(ws, ws_bytes, backward_workspace(handle, p), "fva_qat_backward_workspace_size");
+    if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::qat_backward(handle, p, *q, *k, *v, *o_for_bwd, *lse, *dout, *dq, *dk, *dv, ws, stream);
+      return;
+    }
 
     cpu::qat_backward(p, cpu::AttnView::of(*q), cpu::AttnView::of(*k), cpu::AttnView::of(*v),
                       cpu::AttnView::of(*o_for_bwd), cpu::F32View::of(*lse),
@@ -136,7 +156,7 @@ fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const
 
 fva_status_t fva_nvfp4_fake_quantize(fva_handle_t h, const fva_nvfp4_config_t* cfg,
                                      const fva_tensor_t* x, const fva_tensor_t* y, void* stream) {
-  (void)stream;
+
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
@@ -161,6 +181,10 @@ fva_status_t fva_nvfp4_fake_quantize(fva_handle_t h, const fva_nvfp4_config_t* c
     cpu::Nvfp4Problem p;
     p.scale_mode = c.scale_mode;
     p.tile_tokens = c.tile_tokens;
+    if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::nvfp4_fake_quantize(handle, p, *x, *y, stream);
+      return;
+    }
     cpu::nvfp4_fake_quantize(p, cpu::AttnView::of(*x), cpu::AttnView::of(*y), handle.threads);
   });
 }

@@ -1,6 +1,7 @@
 // Entry points of VSA block-sparse attention and of its index inversion: checks, then dispatch.
 #include "checks.h"
 #include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
 #include "error.h"
 #include "handle.h"
 
@@ -49,6 +50,7 @@ cpu::VsaProblem checked_vsa_problem(const fva_vsa_config_t* user_cfg, const fva_
   check_q2k_idx(q2k_idx, q);
   cpu::VsaProblem p;
   p.scale = resolve_softmax_scale(cfg.softmax_scale, q->shape[kD]);
+  p.dtype = q->dtype;
   p.B = q->shape[kB];
   p.Hq = q->shape[kH];
   p.Hkv = k->shape[kH];
@@ -84,6 +86,23 @@ cpu::VsaIndexProblem checked_index_problem(const fva_tensor_t* q2k_idx, const fv
   return p;
 }
 
+size_t forward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
+  if (h.backend == FVA_BACKEND_CPU) return cpu::vsa_forward_workspace(p);
+  cuda::require_vsa_support(p, p.dtype);
+  return cuda::vsa_forward_workspace(p);
+}
+
+size_t backward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
+  if (h.backend == FVA_BACKEND_CPU) return cpu::vsa_backward_workspace(p);
+  cuda::require_vsa_support(p, p.dtype);
+  return cuda::vsa_backward_workspace(p);
+}
+
+size_t invert_workspace(const fva_handle& h, const cpu::VsaIndexProblem& p) {
+  return h.backend == FVA_BACKEND_CPU ? cpu::vsa_invert_indices_workspace(p)
+                                      : cuda::vsa_invert_indices_workspace(p);
+}
+
 }  // namespace
 }  // namespace fva
 
@@ -96,7 +115,7 @@ fva_status_t fva_vsa_forward_workspace_size(fva_handle_t h, const fva_vsa_config
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_vsa_forward_workspace_size", [&] { return checked_vsa_problem(cfg, q, k, v, q2k_idx); },
-      cpu::vsa_forward_workspace);
+      forward_workspace);
 }
 
 fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const fva_tensor_t* q,
@@ -104,7 +123,6 @@ fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const 
                              const fva_tensor_t* q2k_idx, const fva_tensor_t* q2k_num,
                              const fva_tensor_t* block_sizes, const fva_tensor_t* o,
                              const fva_tensor_t* lse, void* ws, size_t ws_bytes, void* stream) {
-  (void)stream;
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
@@ -116,7 +134,11 @@ fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const 
                       {"q2k_idx", q2k_idx, false}, {"q2k_num", q2k_num, false},
                       {"block_sizes", block_sizes, false}, {"o", o, true}, {"lse", lse, true}});
     require_backend_support(handle, "fva_vsa_forward");
-    check_workspace(ws, ws_bytes, cpu::vsa_forward_workspace(p), "fva_vsa_forward_workspace_size");
+    check_workspace(ws, ws_bytes, forward_workspace(handle, p), "fva_vsa_forward_workspace_size");
+    if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::vsa_forward(handle, p, *q, *k, *v, *q2k_idx, *q2k_num, *block_sizes, *o, *lse, ws, stream);
+      return;
+    }
 
     cpu::vsa_forward(p, cpu::AttnView::of(*q), cpu::AttnView::of(*k), cpu::AttnView::of(*v),
                      cpu::I32View::of(*q2k_idx), cpu::I32View::of(*q2k_num),
@@ -132,7 +154,7 @@ fva_status_t fva_vsa_backward_workspace_size(fva_handle_t h, const fva_vsa_confi
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_vsa_backward_workspace_size", [&] { return checked_vsa_problem(cfg, q, k, v, q2k_idx); },
-      cpu::vsa_backward_workspace);
+      backward_workspace);
 }
 
 fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const fva_tensor_t* q,
@@ -142,7 +164,6 @@ fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const
                               const fva_tensor_t* block_sizes, const fva_tensor_t* dq,
                               const fva_tensor_t* dk, const fva_tensor_t* dv, void* ws,
                               size_t ws_bytes, void* stream) {
-  (void)stream;
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
@@ -159,7 +180,12 @@ fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const
                       {"q2k_num", q2k_num, false}, {"block_sizes", block_sizes, false},
                       {"dq", dq, true}, {"dk", dk, true}, {"dv", dv, true}});
     require_backend_support(handle, "fva_vsa_backward");
-    check_workspace(ws, ws_bytes, cpu::vsa_backward_workspace(p), "fva_vsa_backward_workspace_size");
+    check_workspace(ws, ws_bytes, backward_workspace(handle, p), "fva_vsa_backward_workspace_size");
+    if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::vsa_backward(handle, p, *q, *k, *v, *o, *lse, *dout, *q2k_idx, *q2k_num, *block_sizes,
+                         *dq, *dk, *dv, ws, stream);
+      return;
+    }
 
     cpu::vsa_backward(p, cpu::AttnView::of(*q), cpu::AttnView::of(*k), cpu::AttnView::of(*v),
                       cpu::AttnView::of(*o), cpu::F32View::of(*lse), cpu::AttnView::of(*dout),
@@ -174,14 +200,13 @@ fva_status_t fva_vsa_invert_indices_workspace_size(fva_handle_t h, const fva_ten
   using namespace fva;
   return workspace_query(
       h, bytes, "fva_vsa_invert_indices_workspace_size", [&] { return checked_index_problem(q2k_idx, k2q_idx); },
-      cpu::vsa_invert_indices_workspace);
+      invert_workspace);
 }
 
 fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,
                                     const fva_tensor_t* q2k_num, const fva_tensor_t* k2q_idx,
                                     const fva_tensor_t* k2q_num, void* ws, size_t ws_bytes,
                                     void* stream) {
-  (void)stream;
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
@@ -193,9 +218,12 @@ fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,
     check_no_overlap({{"q2k_idx", q2k_idx, false}, {"q2k_num", q2k_num, false},
                       {"k2q_idx", k2q_idx, true}, {"k2q_num", k2q_num, true}});
     require_backend_support(handle, "fva_vsa_invert_indices");
-    check_workspace(ws, ws_bytes, cpu::vsa_invert_indices_workspace(p),
+    check_workspace(ws, ws_bytes, invert_workspace(handle, p),
                     "fva_vsa_invert_indices_workspace_size");
-
+    if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::vsa_invert_indices(handle, p, *q2k_idx, *q2k_num, *k2q_idx, *k2q_num, ws, stream);
+      return;
+    }
     cpu::vsa_invert_indices(p, cpu::I32View::of(*q2k_idx), cpu::I32View::of(*q2k_num),
                             cpu::I32View::of(*k2q_idx), cpu::I32View::of(*k2q_num), ws,
                             handle.threads);

@@ -27,7 +27,8 @@ const fva_handle& checked_handle(fva_handle_t h);
 void require_backend_support(const fva_handle& h, const char* op);
 
 // The body of every *_workspace_size entry point: check the handle and `bytes`, build the problem
-// (which checks the arguments), make sure the backend runs `op`, then write the size. *bytes is
+// (which checks the arguments), make sure the backend runs `op`, then write the size that
+// size_of(handle, problem) gives (it may refuse what the handle's backend cannot run). *bytes is
 // written only on success.
 template <typename MakeProblem, typename SizeOf>
 fva_status_t workspace_query(fva_handle_t h, size_t* bytes, const char* op, MakeProblem make_problem,
@@ -37,7 +38,7 @@ fva_status_t workspace_query(fva_handle_t h, size_t* bytes, const char* op, Make
     check_not_null(bytes, "bytes");
     const auto problem = make_problem();
     require_backend_support(handle, op);
-    *bytes = size_of(problem);
+    *bytes = size_of(handle, problem);
   });
 }
 

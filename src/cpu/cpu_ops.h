@@ -27,6 +27,7 @@ void nvfp4_fake_quantize(const Nvfp4Problem& p, const AttnView& x, const AttnVie
 struct QatProblem {
   fva_qat_config_t cfg{};
   float scale = 0.0f;
+  int32_t dtype = FVA_DTYPE_BF16;  // of q, k, v (and the outputs)
   int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;
 };
 
@@ -45,6 +46,7 @@ void qat_backward(const QatProblem& p, const AttnView& q, const AttnView& k, con
 // VSA problem: Sq = 64 * num_q_blocks, Skv = 64 * num_kv_blocks; max_k = q2k_idx.shape[3].
 struct VsaProblem {
   float scale = 0.0f;
+  int32_t dtype = FVA_DTYPE_BF16;  // of q, k, v (and the outputs)
   int64_t B = 0, Hq = 0, Hkv = 0, num_q_blocks = 0, num_kv_blocks = 0, max_k = 0, D = 0;
 };
 constexpr int64_t kVsaBlock = 64;

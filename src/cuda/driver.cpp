@@ -10,25 +10,9 @@
 namespace fva::cuda {
 namespace {
 
-// The few driver types and entry points fvattn needs, declared here so that building the library
-// needs no CUDA toolkit. Signatures follow the CUDA driver API (cuda.h), which is ABI-stable.
-using CUresult = int;
-using CUdevice = int;
-constexpr CUresult CUDA_SUCCESS = 0;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
-
-struct Api {
-  CUresult (*cuInit)(unsigned int) = nullptr;
-  CUresult (*cuDriverGetVersion)(int*) = nullptr;
-  CUresult (*cuDeviceGetCount)(int*) = nullptr;
-  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*cuDeviceGetName)(char*, int, CUdevice) = nullptr;
-  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
-  CUresult (*cuCtxGetDevice)(CUdevice*) = nullptr;
-  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
-};
 
 struct Driver {
   bool ok = false;
@@ -36,13 +20,6 @@ struct Driver {
   Api api;
   int version = 0;
 };
-
-std::string error_text(const Api& api, CUresult r) {
-  const char* s = nullptr;
-  if (api.cuGetErrorString && api.cuGetErrorString(r, &s) == CUDA_SUCCESS && s)
-    return fmt::format("{} (CUresult {})", s, r);
-  return fmt::format("CUresult {}", r);
-}
 
 template <typename Fn>
 bool bind(void* lib, const char* symbol, Fn* out, std::string* why) {
@@ -76,7 +53,14 @@ Driver load() {
       !bind(lib, "cuDeviceGetName", &a.cuDeviceGetName, &d.why) ||
       !bind(lib, "cuDeviceGetAttribute", &a.cuDeviceGetAttribute, &d.why) ||
       !bind(lib, "cuCtxGetDevice", &a.cuCtxGetDevice, &d.why) ||
-      !bind(lib, "cuGetErrorString", &a.cuGetErrorString, &d.why)) {
+      !bind(lib, "cuGetErrorString", &a.cuGetErrorString, &d.why) ||
+      !bind(lib, "cuCtxGetCurrent", &a.cuCtxGetCurrent, &d.why) ||
+      !bind(lib, "cuCtxSetCurrent", &a.cuCtxSetCurrent, &d.why) ||
+      !bind(lib, "cuDevicePrimaryCtxRetain", &a.cuDevicePrimaryCtxRetain, &d.why) ||
+      !bind(lib, "cuLibraryLoadData", &a.cuLibraryLoadData, &d.why) ||
+      !bind(lib, "cuLibraryGetKernel", &a.cuLibraryGetKernel, &d.why) ||
+      !bind(lib, "cuKernelSetAttribute", &a.cuKernelSetAttribute, &d.why) ||
+      !bind(lib, "cuLaunchKernel", &a.cuLaunchKernel, &d.why)) {
     return d;  // the library handle stays open: harmless, and dlclose of a driver is unsafe
   }
   const CUresult r = a.cuInit(0);
@@ -97,6 +81,18 @@ const Driver& driver() {
 }
 
 }  // namespace
+
+std::string error_text(const Api& api, CUresult r) {
+  const char* s = nullptr;
+  if (api.cuGetErrorString && api.cuGetErrorString(r, &s) == CUDA_SUCCESS && s)
+    return fmt::format("{} (CUresult {})", s, r);
+  return fmt::format("CUresult {}", r);
+}
+
+const Api* api() {
+  const Driver& d = driver();
+  return d.ok ? &d.api : nullptr;
+}
 
 bool driver_available(std::string* why) {
   const Driver& d = driver();

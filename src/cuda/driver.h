@@ -1,11 +1,49 @@
 // The CUDA driver, opened at run time with dlopen so libfvattn.so loads (and its CPU backend works)
-// on machines without a driver. Only what the library uses is bound; kernels (next release) will add
-// module loading and launch entry points here.
+// on machines without a driver. Only what the library uses is bound.
 #pragma once
 
 #include <string>
 
 namespace fva::cuda {
+
+// The few driver types and entry points fvattn needs, declared here so that building the library
+// needs no CUDA toolkit. Signatures follow the CUDA driver API (cuda.h), which is ABI-stable;
+// handles are opaque pointers.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = void*;
+using CUlibrary = void*;
+using CUkernel = void*;
+using CUstream = void*;
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_NO_BINARY_FOR_GPU = 209;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+
+struct Api {
+  CUresult (*cuInit)(unsigned int) = nullptr;
+  CUresult (*cuDriverGetVersion)(int*) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*cuCtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuLibraryLoadData)(CUlibrary*, const void*, void*, void*, unsigned int, void*, void*,
+                                unsigned int) = nullptr;
+  CUresult (*cuLibraryGetKernel)(CUkernel*, CUlibrary, const char*) = nullptr;
+  CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice) = nullptr;
+  CUresult (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**) = nullptr;
+};
+
+// The bound entry points, or null when the driver is unavailable (see driver_available).
+const Api* api();
+
+// "message (CUresult n)" for a driver error code.
+std::string error_text(const Api& api, CUresult r);
 
 struct DeviceInfo {
   int ordinal = -1;

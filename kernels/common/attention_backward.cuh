@@ -1,0 +1,404 @@
+// The portable attention backward (mma.sync), shared by QAT attention and VSA. Two kernels after
+// the Delta pre-pass, each over independent output tiles, so every gradient element is summed in
+// one fixed order and the result is bitwise the same run to run (no atomics anywhere):
+//   dQ:    a block owns 64 query rows and walks the key tiles of the forward's schedule,
+//          recomputing P = 2^(s*scale*log2e - lse), dP = dO Vᵀ, dS = dtype(P (dP - Delta)),
+//          dQ += dS K;
+//   dK/dV: a block owns 64 keys (16 per warp, products transposed: rows are keys) and walks the
+//          32-row query tiles that see them (the q heads of its GQA group in order), recomputing
+//          Pᵀ and dSᵀ, with dV += dtype(FQ_P(P) or P)ᵀ dO and dK += dSᵀ Q.
+// Recomputing P and dS in both kernels costs two extra products per tile pair; it buys the
+// determinism without a dQ reduction buffer.
+#pragma once
+
+#include <math_constants.h>
+
+#include "device_primitives.cuh"
+#include "kernel_params.h"
+#include "nvfp4_fragments.cuh"
+#include "smem_tile.cuh"
+
+namespace fva::dev {
+
+constexpr int kBwdThreads = 128;
+
+// ---- Delta = rowsum(o * dO), one warp per row --------------------------------------------------
+
+template <typename T, int D>
+__device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) {
+  using E = typename T::Storage;
+  const int64_t rows = static_cast<int64_t>(p.B) * p.Hq * p.Sq;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int s = static_cast<int>(row % p.Sq);
+  const int64_t bh = row / p.Sq;
+  const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
+  const E* o = static_cast<const E*>(p.o_for_bwd.data) + b * p.o_for_bwd.stride_b +
+               h * p.o_for_bwd.stride_h + s * p.o_for_bwd.stride_s;
+  const E* d = static_cast<const E*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h +
+               s * p.dout.stride_s;
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = lane; i < D; i += 32) sum += T::to_float(o[i]) * T::to_float(d[i]);
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) p.delta[row] = sum;
+}
+
+// ---- dQ -----------------------------------------------------------------------------------------
+
+template <typename T, int D, typename Schedule>
+__device__ __forceinline__ void attention_backward_dq(const kern::AttentionParams& p, char* smem) {
+  using Tile = SmemTile<64, D>;
+  using E = typename T::Storage;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int bh = blockIdx.y;
+  const int b = bh / p.Hq, h = bh % p.Hq;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * 64;
+
+  const Tile sq{smem_address(smem)};
+  const Tile sdo{sq.base + Tile::kBytes};
+  const Tile sk[2] = {Tile{sq.base + 2 * Tile::kBytes}, Tile{sq.base + 3 * Tile::kBytes}};
+  const Tile sv[2] = {Tile{sq.base + 4 * Tile::kBytes}, Tile{sq.base + 5 * Tile::kBytes}};
+
+  const E* qg = static_cast<const E*>(p.q.data) + b * p.q.stride_b + h * p.q.stride_h;
+  const E* dog = static_cast<const E*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h;
+  const E* kg = static_cast<const E*>(p.k.data) + b * p.k.stride_b + hk * p.k.stride_h;
+  const E* vg = static_cast<const E*>(p.v.data) + b * p.v.stride_b + hk * p.v.stride_h;
+
+  Schedule sched(p, b, h, q0);
+  int tile = sched.first();
+  sq.template load_async<kBwdThreads>(qg + q0 * p.q.stride_s, p.q.stride_s, p.Sq - q0, p.q.data);
+  sdo.template load_async<kBwdThreads>(dog + q0 * p.dout.stride_s, p.dout.stride_s, p.Sq - q0,
+                                       p.dout.data);
+  if (tile >= 0) {
+    const int k0 = sched.key0(tile), n = sched.valid_keys(tile);
+    sk[0].template load_async<kBwdThreads>(kg + k0 * p.k.stride_s, p.k.stride_s, n, p.k.data);
+    sv[0].template load_async<kBwdThreads>(vg + k0 * p.v.stride_s, p.v.stride_s, n, p.v.data);
+  }
+  cp_async_commit();
+
+  const int row_base = q0 + warp * 16 + g;
+  float lse[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    const bool ok = row < p.Sq;
+    lse[r] = ok ? p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] : 0.0f;
+    delta[r] = ok ? p.delta[(static_cast<int64_t>(bh)) * p.Sq + row] : 0.0f;
+  }
+
+  float dq[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+  float ds_sum[2] = {0.0f, 0.0f};
+
+  for (int it = 0; tile >= 0; ++it) {
+    const int buf = it & 1;
+    const int next = sched.next(tile);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (next >= 0) {
+      const int k0 = sched.key0(next), n = sched.valid_keys(next);
+      sk[buf ^ 1].template load_async<kBwdThreads>(kg + k0 * p.k.stride_s, p.k.stride_s, n, p.k.data);
+      sv[buf ^ 1].template load_async<kBwdThreads>(vg + k0 * p.v.stride_s, p.v.stride_s, n, p.v.data);
+    }
+    cp_async_commit();
+
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ad[4];
+      ldmatrix_x4(aq, sq.a_operand(warp * 16, kk * 16, lane));
+      ldmatrix_x4(ad, sdo.a_operand(warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bk[4], bv[4];
+        ldmatrix_x4(bk, sk[buf].b_operand(np * 16, kk * 16, lane));
+        ldmatrix_x4(bv, sv[buf].b_operand(np * 16, kk * 16, lane));
+        mma_16816<T>(s[2 * np], aq, bk[0], bk[1]);
+        mma_16816<T>(s[2 * np + 1], aq, bk[2], bk[3]);
+        mma_16816<T>(dp[2 * np], ad, bv[0], bv[1]);
+        mma_16816<T>(dp[2 * np + 1], ad, bv[2], bv[3]);
+      }
+    }
+
+    const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
+    // dS in the accumulator layout, then as A operands (k = keys) of dQ += dS K.
+    uint32_t a_ds[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int slot = j * 8 + 2 * t + (e & 1);
+        const int r = e >> 1;
+        const bool vis = sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid) &&
+                         lse[r] != -CUDART_INF_F;
+        const float pv = vis ? exp2f(__fmul_rn(s[j][e], p.scale_log2) - lse[r]) : 0.0f;
+        ds[e] = T::round(pv * (dp[j][e] - delta[r]));
+        ds_sum[r] += ds[e];
+      }
+      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
+      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+    }
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+      for (int dpair = 0; dpair < D / 16; ++dpair) {
+        uint32_t bk[4];
+        ldmatrix_x4_trans(bk, sk[buf].b_operand_trans(kb * 16, dpair * 16, lane));
+        mma_16816<T>(dq[2 * dpair], a_ds[kb], bk[0], bk[1]);
+        mma_16816<T>(dq[2 * dpair + 1], a_ds[kb], bk[2], bk[3]);
+      }
+    }
+    tile = next;
+  }
+
+  // dQ = scale * (dS K + rowsum(dS) * mean(k)) (the mean term only with smooth_k).
+  float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const int col = j * 8 + 2 * t;
+    float mean0 = 0.0f, mean1 = 0.0f;
+    if (p.k_mean != nullptr) {
+      mean0 = p.k_mean[col];
+      mean1 = p.k_mean[col + 1];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x0 = dq[j][2 * r], x1 = dq[j][2 * r + 1];
+      if (p.k_mean != nullptr) {
+        x0 += rowsum[r] * mean0;
+        x1 += rowsum[r] * mean1;
+      }
+      sq.store_pair(warp * 16 + g + 8 * r, col, T::pack(p.scale * x0, p.scale * x1));
+    }
+  }
+  __syncthreads();
+  E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h + q0 * p.dq.stride_s;
+  sq.template store_rows<kBwdThreads>(dqg, p.dq.stride_s, p.Sq - q0);
+}
+
+// ---- dK / dV --------------------------------------------------------------------------------------
+
+// Max over the two warps of a pair, per accumulator column: `mine` holds the thread's 8 columns
+// (n8 tile j, column 2t + c at index 2j + c), already reduced over the warp's 16 rows.
+__device__ __forceinline__ void pair_max_columns(float (&mine)[8], float* slots, int& use) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  float* half = slots + (use & 1) * 4 * 32;
+  if ((lane >> 2) == 0) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) half[warp * 32 + j * 8 + 2 * t + c] = mine[2 * j + c];
+  }
+  named_barrier_sync(1 + warp / 2, 64);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      mine[2 * j + c] = fmaxf(mine[2 * j + c], half[(warp ^ 1) * 32 + j * 8 + 2 * t + c]);
+  ++use;
+}
+
+template <typename T, int D, typename Schedule>
+__device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionParams& p, char* smem) {
+  using KTile = SmemTile<64, D>;
+  using QTile = SmemTile<32, D>;
+  using E = typename T::Storage;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int bh = blockIdx.y;  // (b, kv head)
+  const int b = bh / p.Hkv, hk = bh % p.Hkv;
+  const int k0 = blockIdx.x * 64;
+
+  const KTile sk{smem_address(smem)};
+  const KTile sv{sk.base + KTile::kBytes};
+  const QTile sq[2] = {QTile{sk.base + 2 * KTile::kBytes},
+                       QTile{sk.base + 2 * KTile::kBytes + QTile::kBytes}};
+  const QTile sdo[2] = {QTile{sk.base + 2 * KTile::kBytes + 2 * QTile::kBytes},
+                        QTile{sk.base + 2 * KTile::kBytes + 3 * QTile::kBytes}};
+  float* s_lse = reinterpret_cast<float*>(smem + 2 * KTile::kBytes + 4 * QTile::kBytes);  // [2][32]
+  float* s_delta = s_lse + 64;                                                             // [2][32]
+  float* slots = s_delta + 64;                                                             // [2][4][32]
+  int slot_use = 0;
+
+  const E* kg = static_cast<const E*>(p.k.data) + b * p.k.stride_b + hk * p.k.stride_h;
+  const E* vg = static_cast<const E*>(p.v.data) + b * p.v.stride_b + hk * p.v.stride_h;
+  Schedule sched(p, b, hk, k0);
+  const int n_keys = sched.valid_keys();
+  sk.template load_async<kBwdThreads>(kg + k0 * p.k.stride_s, p.k.stride_s, n_keys, p.k.data);
+  sv.template load_async<kBwdThreads>(vg + k0 * p.v.stride_s, p.v.stride_s, n_keys, p.v.data);
+
+  // Loads query tile `it` of the schedule (its q head and first row) into buffer `buf`.
+  auto load_q_tile = [&](const typename Schedule::Cursor& c, int buf) {
+    const int h = c.head, r0 = c.row0;
+    const E* qg = static_cast<const E*>(p.q.data) + b * p.q.stride_b + h * p.q.stride_h;
+    const E* dog = static_cast<const E*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h;
+    sq[buf].template load_async<kBwdThreads>(qg + r0 * p.q.stride_s, p.q.stride_s, p.Sq - r0, p.q.data);
+    sdo[buf].template load_async<kBwdThreads>(dog + r0 * p.dout.stride_s, p.dout.stride_s, p.Sq - r0,
+                                              p.dout.data);
+    if (threadIdx.x < 32) {
+      const int row = r0 + threadIdx.x;
+      const bool ok = row < p.Sq;
+      s_lse[buf * 32 + threadIdx.x] =
+          ok ? p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] : 0.0f;
+      s_delta[buf * 32 + threadIdx.x] =
+          ok ? p.delta[(static_cast<int64_t>(b) * p.Hq + h) * p.Sq + row] : 0.0f;
+    }
+  };
+
+  typename Schedule::Cursor cur = sched.first();
+  if (cur.valid()) load_q_tile(cur, 0);
+  cp_async_commit();
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+
+  const int slot_base = warp * 16 + g;
+
+  for (int it = 0; cur.valid(); ++it) {
+    const int buf = it & 1;
+    typename Schedule::Cursor nxt = sched.next(cur);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (nxt.valid()) load_q_tile(nxt, buf ^ 1);
+    cp_async_commit();
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys x the tile's 32 queries.
+    float st[4][4], dpt[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      ldmatrix_x4(ak, sk.a_operand(warp * 16, kk * 16, lane));
+      ldmatrix_x4(av, sv.a_operand(warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t bq[4], bd[4];
+        ldmatrix_x4(bq, sq[buf].b_operand(np * 16, kk * 16, lane));
+        ldmatrix_x4(bd, sdo[buf].b_operand(np * 16, kk * 16, lane));
+        mma_16816<T>(st[2 * np], ak, bq[0], bq[1]);
+        mma_16816<T>(st[2 * np + 1], ak, bq[2], bq[3]);
+        mma_16816<T>(dpt[2 * np], av, bd[0], bd[1]);
+        mma_16816<T>(dpt[2 * np + 1], av, bd[2], bd[3]);
+      }
+    }
+
+    // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)).
+    const float* lse_t = s_lse + buf * 32;
+    const float* delta_t = s_delta + buf * 32;
+    float pt[4][4];
+    uint32_t a_ds[2][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = j * 8 + 2 * t + (e & 1);
+        const int key_slot = slot_base + 8 * (e >> 1);
+        const float l = lse_t[col];
+        const bool vis = cur.row0 + col < p.Sq && l != -CUDART_INF_F &&
+                         sched.visible(cur.row0 + col, k0 + key_slot, key_slot, n_keys);
+        pt[j][e] = vis ? exp2f(__fmul_rn(st[j][e], p.scale_log2) - l) : 0.0f;
+        ds[e] = T::round(pt[j][e] * (dpt[j][e] - delta_t[col]));
+      }
+      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
+      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+    }
+
+    // What dV multiplies: FQ_P(P) (groups of 16 keys = this warp's rows, one per query column)
+    // or P itself.
+    if (Schedule::kMayQuantizeP && p.quantize_p) {
+      float second_amax[8];  // per column (row mode) or all equal (tile mode)
+      if (p.p_scale == 2) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            second_amax[2 * j + c] = column_max(fmaxf(pt[j][c], pt[j][2 + c]));
+        pair_max_columns(second_amax, slots, slot_use);
+      } else if (p.p_scale == 1) {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) m = nvfp4_amax_step(m, pt[j][e]);
+        m = pair_max(warp_max(m), slots, slot_use);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) second_amax[i] = m;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float x[2] = {pt[j][c], pt[j][2 + c]};
+          const float amax = column_max(fmaxf(nvfp4_amax_step(0.0f, x[0]), nvfp4_amax_step(0.0f, x[1])));
+          const SecondLevel second =
+              p.p_scale == 0 ? SecondLevel{} : SecondLevel::of(second_amax[2 * j + c]);
+          fake_quantize_values(x, amax, second);
+          pt[j][c] = x[0];
+          pt[j][2 + c] = x[1];
+        }
+    }
+    uint32_t a_p[2][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a_p[j / 2][(j & 1) * 2 + 0] = T::pack(pt[j][0], pt[j][1]);
+      a_p[j / 2][(j & 1) * 2 + 1] = T::pack(pt[j][2], pt[j][3]);
+    }
+
+    // dV += Pᵀ dO and dK += dSᵀ Q (k = the tile's 32 queries).
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb) {
+#pragma unroll
+      for (int dpair = 0; dpair < D / 16; ++dpair) {
+        uint32_t bd[4], bq[4];
+        ldmatrix_x4_trans(bd, sdo[buf].b_operand_trans(kb * 16, dpair * 16, lane));
+        ldmatrix_x4_trans(bq, sq[buf].b_operand_trans(kb * 16, dpair * 16, lane));
+        mma_16816<T>(dv[2 * dpair], a_p[kb], bd[0], bd[1]);
+        mma_16816<T>(dv[2 * dpair + 1], a_p[kb], bd[2], bd[3]);
+        mma_16816<T>(dk[2 * dpair], a_ds[kb], bq[0], bq[1]);
+        mma_16816<T>(dk[2 * dpair + 1], a_ds[kb], bq[2], bq[3]);
+      }
+    }
+    cur = nxt;
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();  // K and V are no longer read: their tiles take dK and dV
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + 8 * r, col = j * 8 + 2 * t;
+      sk.store_pair(row, col, T::pack(p.scale * dk[j][2 * r], p.scale * dk[j][2 * r + 1]));
+      sv.store_pair(row, col, T::pack(dv[j][2 * r], dv[j][2 * r + 1]));
+    }
+  __syncthreads();
+  const int rows = sched.output_rows();
+  E* dkg = static_cast<E*>(p.dk.data) + b * p.dk.stride_b + hk * p.dk.stride_h + k0 * p.dk.stride_s;
+  E* dvg = static_cast<E*>(p.dv.data) + b * p.dv.stride_b + hk * p.dv.stride_h + k0 * p.dv.stride_s;
+  sk.template store_rows<kBwdThreads>(dkg, p.dk.stride_s, rows);
+  sv.template store_rows<kBwdThreads>(dvg, p.dv.stride_s, rows);
+}
+
+}  // namespace fva::dev

@@ -1,0 +1,103 @@
+// The parameter blocks the host passes to the portable attention kernels, by value. Plain structs of
+// pointers, element strides and flags, shared by the CUDA backend (src/cuda/, plain C++) and the
+// kernels (nvcc), so both sides always agree on the layout.
+#pragma once
+
+#include <stdint.h>
+
+namespace fva::kern {
+
+// A [B, H, S, D] tensor (16-bit elements) with element strides; the last dimension is contiguous.
+struct Tensor4 {
+  void* data;
+  int64_t stride_b, stride_h, stride_s;
+};
+
+// A [B, H, S] fp32 tensor (lse, Delta).
+struct Tensor3 {
+  float* data;
+  int64_t stride_b, stride_h, stride_s;
+};
+
+// VSA block metadata as the caller passed it (int32, element strides; last dimension contiguous).
+struct VsaLists {
+  const int32_t* q2k_idx;  // [B, Hq, num_q_blocks, max_k]
+  int64_t idx_stride_b, idx_stride_h, idx_stride_qb;
+  const int32_t* q2k_num;  // [B, Hq, num_q_blocks]
+  int64_t num_stride_b, num_stride_h, num_stride_qb;
+  const int32_t* block_sizes;  // [num_kv_blocks]
+  int64_t block_sizes_stride;
+  int32_t num_q_blocks, num_kv_blocks, max_k;
+  // The backward's inverse (built in the workspace by vsa_build_inverse): for unit (b, hq), kv block
+  // kv's q blocks are entries[unit * entries_per_unit + offsets[unit * (nkv + 1) + kv] ...
+  // + offsets[... + kv + 1]), ascending.
+  const int32_t* inv_offsets;
+  const int32_t* inv_entries;
+  int64_t inv_entries_per_unit;
+};
+
+// Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.
+enum : int32_t { kKindQat = 0, kKindVsa = 1 };
+
+struct AttentionParams {
+  Tensor4 q, k, v;       // what the products use: fake-quantized / smoothed copies or the inputs
+  Tensor4 o, o_hp;       // forward outputs (o_hp.data null: not wanted)
+  Tensor3 lse;           // forward output, backward input
+  Tensor4 o_for_bwd, dout;
+  Tensor4 dq, dk, dv;
+  float* delta;          // backward: [B, Hq, Sq] contiguous fp32 in the workspace
+  const float* k_mean;   // QAT smooth_k: [D] fp32 (dtype-rounded), null otherwise
+  int32_t B, Hq, Hkv, Sq, Skv;
+  float scale;           // softmax scale
+  float scale_log2;      // scale * log2(e), rounded once to fp32 as the CPU reference does
+  int32_t causal;        // QAT
+  int32_t p_scale;       // QAT: FVA_SCALE_BLOCK / TILE / ROW for P
+  int32_t quantize_p;    // QAT forward: quantize P; backward: dV from FQ_P(P)
+  VsaLists vsa;
+};
+
+// NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
+// fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h).
+struct QuantizeParams {
+  Tensor4 x, y;
+  int32_t B, H, S, D;
+  int32_t tile_tokens;
+  int32_t scale_mode;     // FVA_SCALE_BLOCK or FVA_SCALE_TILE
+  int32_t quantize;       // 0: copy (after the optional mean subtraction) without quantizing
+  const float* mean;      // [D] fp32 subtracted before anything (smooth_k), or null
+};
+
+// Per-channel mean of k over (B, H, S) in two deterministic steps: fixed chunks of tokens summed in
+// double, then the chunks summed in order.
+struct MeanParams {
+  Tensor4 x;
+  int32_t B, H, S, D;
+  int32_t chunk_tokens;   // tokens per partial sum
+  double* partial;        // [num_chunks, D]
+  int32_t num_chunks;     // B * H * ceil(S / chunk_tokens)
+  float* mean;            // [D], rounded to the dtype
+};
+
+// Inversion of the q2k lists: counts, offsets and entries per (b, h) unit.
+struct InvertParams {
+  VsaLists lists;
+  int32_t B, H;
+  int32_t skip_empty_blocks;  // 1: leave out entries whose kv block has no real token (backward)
+  int32_t* counts;            // [B * H * num_kv_blocks]
+  int32_t* offsets;           // [B * H * (num_kv_blocks + 1)]
+  int32_t* cursor;            // [B * H * num_kv_blocks]
+  int32_t* entries;           // [B * H * num_q_blocks * max_k]
+  // fva_vsa_invert_indices outputs (null for the backward's internal inverse)
+  int32_t* k2q_idx;           // [B, H, num_kv_blocks, num_q_blocks]
+  int64_t k2q_stride_b, k2q_stride_h, k2q_stride_kv;
+  int32_t* k2q_num;           // [B, H, num_kv_blocks]
+  int64_t k2q_num_stride_b, k2q_num_stride_h, k2q_num_stride_kv;
+};
+
+// Dynamic shared memory of the attention kernels (one formula for the host and the kernels).
+constexpr int forward_smem_bytes(int D) { return 5 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K[2], V[2], slots
+constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                     // Q, dO, K[2], V[2]
+// K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
+constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
+
+}  // namespace fva::kern

@@ -1,0 +1,15 @@
+// Delta = rowsum(o_for_bwd * dO) in fp32, the backward's pre-pass (QAT and VSA alike).
+#include "common/attention_backward.cuh"
+
+extern "C" __global__ void fva_delta_bf16_d64(const fva::kern::AttentionParams p) {
+  fva::dev::attention_delta<fva::dev::Bf16, 64>(p);
+}
+extern "C" __global__ void fva_delta_bf16_d128(const fva::kern::AttentionParams p) {
+  fva::dev::attention_delta<fva::dev::Bf16, 128>(p);
+}
+extern "C" __global__ void fva_delta_f16_d64(const fva::kern::AttentionParams p) {
+  fva::dev::attention_delta<fva::dev::F16, 64>(p);
+}
+extern "C" __global__ void fva_delta_f16_d128(const fva::kern::AttentionParams p) {
+  fva::dev::attention_delta<fva::dev::F16, 128>(p);
+}

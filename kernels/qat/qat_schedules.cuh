@@ -1,0 +1,71 @@
+// Which tiles QAT attention's kernels visit (SPEC.md section 2), for the shared mainloops of
+// kernels/common/attention_{forward,backward}.cuh:
+//   - QatKeyTiles (forward, dQ): the 64-key tiles of a 64-row query tile, from key 0; causal stops
+//     after the tile holding the last row's diagonal. Keys past Skv and (causal) above the diagonal
+//     get FastVideo's masked logit -1e6 (before scaling), so p is exactly 0 there.
+//   - QatQueryTiles (dK/dV): the 32-row query tiles that see a 64-key tile, q heads of the GQA
+//     group in order, query tiles ascending (causal: from the tile holding the block's first key).
+#pragma once
+
+#include "common/kernel_params.h"
+
+namespace fva::dev {
+
+struct QatKeyTiles {
+  static constexpr int kSubTile = 32;  // the CPU reference's (and FastVideo's) key tile
+  static constexpr float kMaskedLogit = -1.0e6f;
+  int n_tiles, skv;
+  bool causal;
+
+  __device__ __forceinline__ QatKeyTiles(const kern::AttentionParams& p, int, int, int q0)
+      : skv(p.Skv), causal(p.causal != 0) {
+    n_tiles = (p.Skv + 63) / 64;
+    if (causal) {
+      const int last_row = min(p.Sq, q0 + 64) - 1;
+      n_tiles = min(n_tiles, last_row / 64 + 1);
+    }
+  }
+  __device__ __forceinline__ int first() const { return n_tiles > 0 ? 0 : -1; }
+  __device__ __forceinline__ int next(int i) const { return i + 1 < n_tiles ? i + 1 : -1; }
+  __device__ __forceinline__ int key0(int i) const { return i * 64; }
+  __device__ __forceinline__ int valid_keys(int i) const { return min(64, skv - i * 64); }
+  __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
+    return slot < n_valid && !(causal && key > row);
+  }
+};
+
+struct QatQueryTiles {
+  static constexpr bool kMayQuantizeP = true;
+  struct Cursor {
+    int head = -1, row0 = 0, index = 0;
+    __device__ __forceinline__ bool valid() const { return head >= 0; }
+  };
+  int group, first_head, first_tile, tiles_per_head, skv, k0;
+  bool causal;
+
+  __device__ __forceinline__ QatQueryTiles(const kern::AttentionParams& p, int, int hk, int k0_)
+      : skv(p.Skv), k0(k0_), causal(p.causal != 0) {
+    group = p.Hq / p.Hkv;
+    first_head = hk * group;
+    const int q_tiles = (p.Sq + 31) / 32;
+    first_tile = causal ? min(k0 / 32, q_tiles) : 0;
+    tiles_per_head = q_tiles - first_tile;
+  }
+  __device__ __forceinline__ Cursor at(int index) const {
+    Cursor c;
+    if (tiles_per_head <= 0 || index >= group * tiles_per_head) return c;
+    c.index = index;
+    c.head = first_head + index / tiles_per_head;
+    c.row0 = (first_tile + index % tiles_per_head) * 32;
+    return c;
+  }
+  __device__ __forceinline__ Cursor first() const { return at(0); }
+  __device__ __forceinline__ Cursor next(const Cursor& c) const { return at(c.index + 1); }
+  __device__ __forceinline__ int valid_keys() const { return min(64, skv - k0); }
+  __device__ __forceinline__ int output_rows() const { return valid_keys(); }
+  __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
+    return slot < n_valid && !(causal && key > row);
+  }
+};
+
+}  // namespace fva::dev

@@ -1,0 +1,119 @@
+// Inversion of VSA's q2k lists on the GPU, deterministic without a host round trip:
+//   1. zero the per-(unit, kv block) counts;                       (unit = (b, q head))
+//   2. count the usable entries of every list (atomics on counts: the totals do not depend on order);
+//   3. exclusive prefix sums per unit -> offsets, and a fill cursor;
+//   4. scatter the q block of each entry to its kv block's segment (atomic cursor: any order);
+//   5. sort each segment ascending, which makes the result independent of the scatter's order.
+// The backward reads segments (duplicates kept, one term per listed entry, like the CPU
+// reference); fva_vsa_invert_indices additionally runs
+//   6. emit: each segment without duplicates into k2q_idx (padded with -1) and k2q_num.
+#include "common/kernel_params.h"
+#include "vsa/vsa_schedules.cuh"
+
+namespace {
+
+using fva::kern::InvertParams;
+
+__device__ __forceinline__ int64_t units(const InvertParams& p) {
+  return static_cast<int64_t>(p.B) * p.H;
+}
+
+}  // namespace
+
+extern "C" __global__ void fva_vsa_invert_zero(const InvertParams p) {
+  const int64_t n = units(p) * p.lists.num_kv_blocks;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p.counts[i] = 0;
+}
+
+// One thread per (unit, q block, list slot).
+__device__ __forceinline__ bool entry_at(const InvertParams& p, int64_t i, int64_t& unit, int& qb,
+                                         int& kv) {
+  const fva::kern::VsaLists& v = p.lists;
+  const int64_t per_unit = static_cast<int64_t>(v.num_q_blocks) * v.max_k;
+  if (i >= units(p) * per_unit) return false;
+  unit = i / per_unit;
+  qb = static_cast<int>((i % per_unit) / v.max_k);
+  const int slot = static_cast<int>(i % v.max_k);
+  const int b = static_cast<int>(unit / p.H), h = static_cast<int>(unit % p.H);
+  const int n = v.q2k_num[b * v.num_stride_b + h * v.num_stride_h + qb * v.num_stride_qb];
+  if (slot >= min(max(n, 0), v.max_k)) return false;
+  kv = v.q2k_idx[b * v.idx_stride_b + h * v.idx_stride_h + qb * v.idx_stride_qb + slot];
+  if (kv < 0 || kv >= v.num_kv_blocks) return false;
+  if (p.skip_empty_blocks && fva::dev::vsa_block_tokens(v, kv) == 0) return false;
+  return true;
+}
+
+extern "C" __global__ void fva_vsa_invert_count(const InvertParams p) {
+  int64_t unit;
+  int qb, kv;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (entry_at(p, i, unit, qb, kv)) atomicAdd(&p.counts[unit * p.lists.num_kv_blocks + kv], 1);
+}
+
+// One thread per unit: the lists are short (num_kv_blocks entries), a serial scan is enough.
+extern "C" __global__ void fva_vsa_invert_scan(const InvertParams p) {
+  const int64_t unit = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (unit >= units(p)) return;
+  const int nkv = p.lists.num_kv_blocks;
+  const int32_t* c = p.counts + unit * nkv;
+  int32_t* off = p.offsets + unit * (nkv + 1);
+  int32_t* cur = p.cursor + unit * nkv;
+  int32_t sum = 0;
+  for (int kv = 0; kv < nkv; ++kv) {
+    off[kv] = sum;
+    cur[kv] = sum;
+    sum += c[kv];
+  }
+  off[nkv] = sum;
+}
+
+extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
+  int64_t unit;
+  int qb, kv;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (!entry_at(p, i, unit, qb, kv)) return;
+  const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
+  const int pos = atomicAdd(&p.cursor[unit * p.lists.num_kv_blocks + kv], 1);
+  p.entries[unit * per_unit + pos] = qb;
+}
+
+// One thread per (unit, kv block): insertion sort of its segment (short: at most the number of
+// q blocks times their repeats).
+extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
+  const int nkv = p.lists.num_kv_blocks;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= units(p) * nkv) return;
+  const int64_t unit = i / nkv;
+  const int kv = static_cast<int>(i % nkv);
+  const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
+  const int32_t* off = p.offsets + unit * (nkv + 1);
+  int32_t* seg = p.entries + unit * per_unit + off[kv];
+  const int n = off[kv + 1] - off[kv];
+  for (int a = 1; a < n; ++a) {
+    const int32_t x = seg[a];
+    int c = a - 1;
+    for (; c >= 0 && seg[c] > x; --c) seg[c + 1] = seg[c];
+    seg[c + 1] = x;
+  }
+}
+
+extern "C" __global__ void fva_vsa_invert_emit(const InvertParams p) {
+  const int nkv = p.lists.num_kv_blocks, nqb = p.lists.num_q_blocks;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= units(p) * nkv) return;
+  const int64_t unit = i / nkv;
+  const int kv = static_cast<int>(i % nkv);
+  const int b = static_cast<int>(unit / p.H), h = static_cast<int>(unit % p.H);
+  const int64_t per_unit = static_cast<int64_t>(nqb) * p.lists.max_k;
+  const int32_t* off = p.offsets + unit * (nkv + 1);
+  const int32_t* seg = p.entries + unit * per_unit + off[kv];
+  const int n = off[kv + 1] - off[kv];
+  int32_t* out = p.k2q_idx + b * p.k2q_stride_b + h * p.k2q_stride_h + kv * p.k2q_stride_kv;
+  int written = 0;
+  for (int a = 0; a < n; ++a)
+    if (written == 0 || out[written - 1] != seg[a]) out[written++] = seg[a];
+  for (int a = written; a < nqb; ++a) out[a] = -1;
+  p.k2q_num[b * p.k2q_num_stride_b + h * p.k2q_num_stride_h + kv * p.k2q_num_stride_kv] = written;
+}

@@ -1,0 +1,104 @@
+// Which tiles VSA's kernels visit (SPEC.md section 3), for the shared mainloops of
+// kernels/common/attention_{forward,backward}.cuh. The caller's metadata is read under the rules
+// every backend applies (src/cpu/vsa_common.h): q2k_num clamped to [0, max_k], entries outside
+// [0, num_kv_blocks) skipped, block sizes clamped to [0, 64], blocks without a real token skipped.
+//   - VsaKeyTiles (forward, dQ): a q block's listed kv blocks in list order; keys at slots past
+//     the block's size are masked to -inf.
+//   - VsaQueryTiles (dK/dV): for a kv block, the q blocks of the inverse lists built in the
+//     workspace (ascending), each as two 32-row tiles, q heads of the GQA group in order.
+#pragma once
+
+#include <math_constants.h>
+
+#include "common/kernel_params.h"
+
+namespace fva::dev {
+
+__device__ __forceinline__ int vsa_block_tokens(const kern::VsaLists& v, int kv) {
+  return min(max(v.block_sizes[kv * v.block_sizes_stride], 0), 64);
+}
+
+struct VsaKeyTiles {
+  static constexpr int kSubTile = 64;
+  static constexpr float kMaskedLogit = -__builtin_huge_valf();
+  const kern::VsaLists& v;
+  const int32_t* list;
+  int count;
+
+  __device__ __forceinline__ VsaKeyTiles(const kern::AttentionParams& p, int b, int h, int q0)
+      : v(p.vsa) {
+    const int qb = q0 / 64;
+    list = v.q2k_idx + b * v.idx_stride_b + h * v.idx_stride_h + qb * v.idx_stride_qb;
+    const int n = v.q2k_num[b * v.num_stride_b + h * v.num_stride_h + qb * v.num_stride_qb];
+    count = min(max(n, 0), v.max_k);
+  }
+  __device__ __forceinline__ bool usable(int i) const {
+    const int kv = list[i];
+    return kv >= 0 && kv < v.num_kv_blocks && vsa_block_tokens(v, kv) > 0;
+  }
+  __device__ __forceinline__ int scan(int i) const {
+    for (; i < count; ++i)
+      if (usable(i)) return i;
+    return -1;
+  }
+  __device__ __forceinline__ int first() const { return scan(0); }
+  __device__ __forceinline__ int next(int i) const { return scan(i + 1); }
+  __device__ __forceinline__ int key0(int i) const { return list[i] * 64; }
+  __device__ __forceinline__ int valid_keys(int i) const { return vsa_block_tokens(v, list[i]); }
+  __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
+    return slot < n_valid;
+  }
+};
+
+struct VsaQueryTiles {
+  static constexpr bool kMayQuantizeP = false;
+  struct Cursor {
+    int head = -1, row0 = 0, entry = 0, half = 0;
+    __device__ __forceinline__ bool valid() const { return head >= 0; }
+  };
+  const kern::VsaLists& v;
+  int b, kv, group, first_head, tokens, hq_total;
+
+  __device__ __forceinline__ VsaQueryTiles(const kern::AttentionParams& p, int b_, int hk, int k0)
+      : v(p.vsa), b(b_), kv(k0 / 64), hq_total(p.Hq) {
+    group = p.Hq / p.Hkv;
+    first_head = hk * group;
+    tokens = vsa_block_tokens(v, kv);
+  }
+  // Entries [begin, end) of kv's inverse list for q head `head`.
+  __device__ __forceinline__ void range(int head, int& begin, int& end) const {
+    const int64_t u = static_cast<int64_t>(b) * hq_total + head;
+    const int32_t* off = v.inv_offsets + u * (v.num_kv_blocks + 1);
+    begin = off[kv];
+    end = off[kv + 1];
+  }
+  // Finds the first tile at or after (head, entry, half).
+  __device__ __forceinline__ Cursor seek(int head, int entry, int half) const {
+    Cursor c;
+    for (; head < first_head + group; ++head, entry = -1, half = 0) {
+      int begin, end;
+      range(head, begin, end);
+      if (entry < begin) entry = begin;
+      if (entry < end) {
+        const int64_t u = static_cast<int64_t>(b) * hq_total + head;
+        c.head = head;
+        c.entry = entry;
+        c.half = half;
+        c.row0 = v.inv_entries[u * v.inv_entries_per_unit + entry] * 64 + 32 * half;
+        return c;
+      }
+    }
+    return c;
+  }
+  __device__ __forceinline__ Cursor first() const { return seek(first_head, -1, 0); }
+  __device__ __forceinline__ Cursor next(const Cursor& c) const {
+    return c.half == 0 ? seek(c.head, c.entry, 1) : seek(c.head, c.entry + 1, 0);
+  }
+  __device__ __forceinline__ int valid_keys() const { return tokens; }
+  __device__ __forceinline__ int output_rows() const { return 64; }
+  __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
+    return slot < n_valid;
+  }
+};
+
+}  // namespace fva::dev

@@ -1,0 +1,54 @@
+// The CUDA backend's operations: the same problems as the CPU backend (src/cpu/cpu_ops.h), run by
+// the kernels of kernels/ on the caller's stream. The API layer has checked every argument; these
+// check what only the CUDA backend limits (head dim, dtype, grid sizes) and throw fva::Failure.
+// Nothing here synchronizes: every call can be captured in a CUDA graph.
+#pragma once
+
+#include <cstddef>
+
+#include "cpu/cpu_ops.h"
+#include "fvattn/fvattn.h"
+#include "handle.h"
+
+namespace fva::cuda {
+
+// Throws FVA_ERR_UNSUPPORTED (naming the CPU backend as the alternative) unless the CUDA kernels
+// cover this head dim, dtype and size.
+void require_qat_support(const cpu::QatProblem& p, int32_t dtype);
+void require_vsa_support(const cpu::VsaProblem& p, int32_t dtype);
+
+size_t qat_forward_workspace(const cpu::QatProblem& p);
+void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
+                 const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
+                 const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream);
+
+size_t qat_backward_workspace(const cpu::QatProblem& p);
+void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
+                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o_for_bwd,
+                  const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,
+                  const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws, void* stream);
+
+void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const fva_tensor_t& x,
+                         const fva_tensor_t& y, void* stream);
+
+size_t vsa_forward_workspace(const cpu::VsaProblem& p);
+void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
+                 const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
+                 const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
+                 const fva_tensor_t& o, const fva_tensor_t& lse, void* ws, void* stream);
+
+size_t vsa_backward_workspace(const cpu::VsaProblem& p);
+void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
+                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
+                  const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
+                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
+                  const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
+                  void* stream);
+
+size_t vsa_invert_indices_workspace(const cpu::VsaIndexProblem& p);
+void vsa_invert_indices(const fva_handle& h, const cpu::VsaIndexProblem& p,
+                        const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
+                        const fva_tensor_t& k2q_idx, const fva_tensor_t& k2q_num, void* ws,
+                        void* stream);
+
+}  // namespace fva::cuda

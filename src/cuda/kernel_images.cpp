@@ -1,0 +1,172 @@
+#include "kernel_images.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "error.h"
+
+namespace fva::cuda {
+
+#if FVATTN_HAVE_KERNEL_IMAGES
+namespace images {
+extern const void* const qat_sass;
+extern const std::size_t qat_sass_size;
+extern const void* const qat_ptx;
+extern const std::size_t qat_ptx_size;
+extern const void* const vsa_sass;
+extern const std::size_t vsa_sass_size;
+extern const void* const vsa_ptx;
+extern const std::size_t vsa_ptx_size;
+extern const void* const prep_sass;
+extern const std::size_t prep_sass_size;
+extern const void* const prep_ptx;
+extern const std::size_t prep_ptx_size;
+}  // namespace images
+#endif
+
+namespace {
+
+struct Family {
+  const void* sass;
+  const void* ptx;
+};
+
+bool family_images(const std::string& name, Family* f) {
+#if FVATTN_HAVE_KERNEL_IMAGES
+  if (name == "qat") *f = {images::qat_sass, images::qat_ptx};
+  else if (name == "vsa") *f = {images::vsa_sass, images::vsa_ptx};
+  else if (name == "prep") *f = {images::prep_sass, images::prep_ptx};
+  else return false;
+  return true;
+#else
+  (void)name;
+  (void)f;
+  return false;
+#endif
+}
+
+bool uses_ptx(int sm_major) { return sm_major > 12; }
+
+const Api& checked_api() {
+  const Api* a = api();
+  if (a == nullptr) {
+    std::string why;
+    driver_available(&why);
+    fail(FVA_ERR_NO_DEVICE, "the CUDA driver is unavailable: {}", why);
+  }
+  return *a;
+}
+
+// Loaded libraries (context-independent: once per process) and kernels with their per-device
+// shared-memory limit.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, CUlibrary> libraries;  // key: family + "/sass" or "/ptx"
+  std::map<std::tuple<std::string, std::string, int>, std::pair<CUkernel, size_t>> kernels;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: may be used during static destruction
+  return *r;
+}
+
+CUlibrary library(const Api& a, const std::string& family, const DeviceInfo& device) {
+  Family f;
+  if (!family_images(family, &f))
+    fail(FVA_ERR_UNSUPPORTED, "this libfvattn.so was built without CUDA kernel images (FVATTN_CUDA=OFF)");
+  const bool ptx = uses_ptx(device.sm_major);
+  const std::string key = family + (ptx ? "/ptx" : "/sass");
+  Registry& r = registry();
+  auto it = r.libraries.find(key);
+  if (it != r.libraries.end()) return it->second;
+  CUlibrary lib = nullptr;
+  const CUresult res =
+      a.cuLibraryLoadData(&lib, ptx ? f.ptx : f.sass, nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (res != CUDA_SUCCESS)
+    fail(res == CUDA_ERROR_NO_BINARY_FOR_GPU ? FVA_ERR_UNSUPPORTED : FVA_ERR_CUDA,
+         "cannot load the {} kernel image ({}) for device {} \"{}\" (sm_{}{}): {}", family,
+         image_for(device.sm_major, device.sm_minor), device.ordinal, device.name,
+         device.sm_major, device.sm_minor, error_text(a, res));
+  r.libraries.emplace(key, lib);
+  return lib;
+}
+
+}  // namespace
+
+bool images_built() {
+#if FVATTN_HAVE_KERNEL_IMAGES
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string image_for(int sm_major, int sm_minor) {
+  if (!images_built()) return "none";
+  if (sm_major == 9 && sm_minor == 0) return "sm_90a";
+  if (sm_major == 10 && sm_minor == 0) return "sm_100a";
+  if (sm_major == 12) return "sm_120";
+  if (uses_ptx(sm_major)) return "compute_120 (PTX, JIT)";
+  return "none";
+}
+
+void ensure_context(const DeviceInfo& device) {
+  const Api& a = checked_api();
+  CUcontext current = nullptr;
+  CUresult r = a.cuCtxGetCurrent(&current);
+  if (r == CUDA_SUCCESS && current != nullptr) return;
+  CUdevice dev = 0;
+  r = a.cuDeviceGet(&dev, device.ordinal);
+  CUcontext primary = nullptr;
+  if (r == CUDA_SUCCESS) r = a.cuDevicePrimaryCtxRetain(&primary, dev);
+  if (r == CUDA_SUCCESS) r = a.cuCtxSetCurrent(primary);
+  if (r != CUDA_SUCCESS)
+    fail(FVA_ERR_CUDA, "cannot make the primary context of device {} current: {}", device.ordinal,
+         error_text(a, r));
+}
+
+CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, size_t smem_bytes) {
+  const Api& a = checked_api();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto key = std::make_tuple(std::string(family), std::string(name), device.ordinal);
+  auto it = r.kernels.find(key);
+  if (it != r.kernels.end() && it->second.second >= smem_bytes) return it->second.first;
+  CUkernel k = nullptr;
+  if (it != r.kernels.end()) {
+    k = it->second.first;
+  } else {
+    const CUresult res = a.cuLibraryGetKernel(&k, library(a, family, device), name);
+    if (res != CUDA_SUCCESS)
+      fail(FVA_ERR_INTERNAL, "kernel {} is missing from the {} image: {}", name, family,
+           error_text(a, res));
+  }
+  if (smem_bytes > 48 * 1024) {
+    CUdevice dev = 0;
+    CUresult res = a.cuDeviceGet(&dev, device.ordinal);
+    if (res == CUDA_SUCCESS)
+      res = a.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   static_cast<int>(smem_bytes), k, dev);
+    if (res != CUDA_SUCCESS)
+      fail(FVA_ERR_CUDA, "cannot give kernel {} {} bytes of shared memory on device {}: {}", name,
+           smem_bytes, device.ordinal, error_text(a, res));
+  }
+  r.kernels[key] = {k, smem_bytes};
+  return k;
+}
+
+void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, const char* name) {
+  const Api& a = checked_api();
+  if (d.grid_x == 0 || d.grid_y == 0 || d.grid_z == 0) return;  // nothing to do
+  void* args[] = {const_cast<void*>(params)};
+  const CUresult r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
+                                      static_cast<unsigned>(d.smem), stream, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    fail(FVA_ERR_CUDA, "launching {} (grid {}x{}x{}, {} threads, {} bytes shared) failed: {}", name,
+         d.grid_x, d.grid_y, d.grid_z, d.block, d.smem, error_text(a, r));
+}
+
+}  // namespace fva::cuda

@@ -1,0 +1,44 @@
+// The kernel images embedded in libfvattn.so and the kernels in them, loaded lazily through the
+// driver: one fatbin per family (qat, vsa, prep) with SASS for sm_90a, sm_100a and sm_120, plus a
+// PTX (compute_120) fatbin per family for newer devices.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "driver.h"
+
+namespace fva::cuda {
+
+// The image a device runs, from its compute capability: "sm_90a", "sm_100a", "sm_120",
+// "compute_120 (PTX, JIT)" for newer devices, or "none" (FVA_ERR_UNSUPPORTED on every op).
+std::string image_for(int sm_major, int sm_minor);
+
+// True when libfvattn.so was built with kernel images (FVATTN_CUDA=ON).
+bool images_built();
+
+// A kernel ready to launch on `device` (its dynamic shared memory limit raised to smem_bytes).
+// Throws fva::Failure (FVA_ERR_CUDA / FVA_ERR_UNSUPPORTED) when it cannot be had.
+CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, size_t smem_bytes);
+
+// Makes the device's primary context current on the calling thread when the thread has none (the
+// context the CUDA runtime, PyTorch and JAX use), so launches work from any thread.
+void ensure_context(const DeviceInfo& device);
+
+struct Launch {
+  unsigned grid_x = 1, grid_y = 1, grid_z = 1;
+  unsigned block = 128;
+  size_t smem = 0;
+};
+
+// Launches `kernel` with one by-value parameter block on `stream` (asynchronous; no sync).
+void launch(CUkernel kernel, const Launch& dims, void* stream, const void* params,
+            const char* name);
+
+template <typename Params>
+void launch(const char* family, const char* name, const DeviceInfo& device, const Launch& dims,
+            void* stream, const Params& params) {
+  launch(kernel(family, name, device, dims.smem), dims, stream, &params, name);
+}
+
+}  // namespace fva::cuda

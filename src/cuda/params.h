@@ -1,0 +1,50 @@
+// Kernel parameter blocks (kernels/common/kernel_params.h) from the API's tensor descriptors, and
+// the workspace carving the CUDA operations share.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/kernel_params.h"
+#include "cpu/workspace.h"
+#include "fvattn/fvattn.h"
+
+namespace fva::cuda {
+
+inline kern::Tensor4 tensor4(const fva_tensor_t& t) {
+  return {t.data, t.strides[0], t.strides[1], t.strides[2]};
+}
+inline kern::Tensor3 tensor3(const fva_tensor_t& t) {
+  return {static_cast<float*>(t.data), t.strides[0], t.strides[1], t.strides[2]};
+}
+// A contiguous [B, H, S, D] buffer.
+inline kern::Tensor4 contiguous4(void* data, int64_t H, int64_t S, int64_t D) {
+  return {data, H * S * D, S * D, D};
+}
+
+// Sub-buffers of the caller's workspace, each on a 64-byte boundary from the aligned base. Used
+// twice per operation: once to size the workspace (base null), once to place the buffers.
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(void* ws) : base_(ws ? cpu::workspace_base(ws) : nullptr) {}
+  template <typename T>
+  T* take(size_t count) {
+    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += cpu::workspace_round_up(count * sizeof(T));
+    return p;
+  }
+  // Bytes the caller must provide for everything taken so far (with the alignment pad; 0 if none).
+  size_t bytes() const { return used_ ? used_ + cpu::kWorkspaceBasePad : 0; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+inline unsigned blocks_for(int64_t items, int64_t per_block) {
+  return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
+
+inline const char* dtype_suffix(int32_t dtype) { return dtype == FVA_DTYPE_F16 ? "f16" : "bf16"; }
+
+}  // namespace fva::cuda

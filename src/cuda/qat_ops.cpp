@@ -1,0 +1,243 @@
+// QAT attention and NVFP4 fake quantization on the CUDA backend. A call is a short sequence of
+// launches on the caller's stream:
+//   [k mean (smooth_k): partial sums, final]  [NVFP4 fake quantization of q, k, v into the workspace]
+//   forward: attention kernel  |  backward: Delta, dQ kernel, dK/dV kernel.
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "cuda_ops.h"
+#include "error.h"
+#include "kernel_images.h"
+#include "params.h"
+
+namespace fva::cuda {
+namespace {
+
+constexpr int kQatTileTokens = 32;   // the CPU reference's (and FastVideo's) Q/K/V tile
+constexpr int kMeanChunkTokens = 256;
+
+int64_t mean_chunks(const cpu::QatProblem& p) {
+  return p.B * p.Hkv * ((p.Skv + kMeanChunkTokens - 1) / kMeanChunkTokens);
+}
+
+// Which inputs are replaced by prepared copies in the workspace.
+struct Prepared {
+  bool q = false, k = false, v = false, mean = false;
+};
+Prepared prepared(const cpu::QatProblem& p, bool quantize) {
+  Prepared r;
+  r.mean = p.cfg.smooth_k != 0;
+  r.q = r.v = quantize;
+  r.k = quantize || r.mean;
+  return r;
+}
+
+struct QatBuffers {
+  void* fq = nullptr;
+  void* fk = nullptr;
+  void* fv = nullptr;
+  float* k_mean = nullptr;
+  double* mean_partial = nullptr;
+  float* delta = nullptr;
+};
+
+// One layout for sizing and carving: prepared tensors, the mean, then (backward) Delta.
+QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward,
+                 WorkspaceCarver& c) {
+  QatBuffers b;
+  if (prep.q) b.fq = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hq * p.Sq * p.D));
+  if (prep.k) b.fk = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hkv * p.Skv * p.D));
+  if (prep.v) b.fv = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hkv * p.Skv * p.D));
+  if (prep.mean) {
+    b.k_mean = c.take<float>(static_cast<size_t>(p.D));
+    b.mean_partial = c.take<double>(static_cast<size_t>(mean_chunks(p) * p.D));
+  }
+  if (backward) b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.Sq));
+  return b;
+}
+
+void launch_quantize(const fva_handle& h, int32_t dtype, const kern::Tensor4& x,
+                     const kern::Tensor4& y, int64_t B, int64_t H, int64_t S, int64_t D,
+                     int32_t scale_mode, int32_t tile_tokens, bool quantize, const float* mean,
+                     void* stream) {
+  kern::QuantizeParams q{};
+  q.x = x;
+  q.y = y;
+  q.B = static_cast<int32_t>(B);
+  q.H = static_cast<int32_t>(H);
+  q.S = static_cast<int32_t>(S);
+  q.D = static_cast<int32_t>(D);
+  q.tile_tokens = tile_tokens;
+  q.scale_mode = scale_mode;
+  q.quantize = quantize ? 1 : 0;
+  q.mean = mean;
+  const int64_t tiles = B * H * ((S + tile_tokens - 1) / tile_tokens);
+  Launch l;
+  l.grid_x = blocks_for(tiles, 4);  // a warp per tile, 4 warps per block
+  launch("prep", fmt::format("fva_nvfp4_quantize_{}", dtype_suffix(dtype)).c_str(), h.device, l,
+         stream, q);
+}
+
+// Fills the prepared buffers: the k mean, then the fake-quantized (or smoothed) tensors.
+kern::AttentionParams prepare(const fva_handle& h, const cpu::QatProblem& p, bool quantize,
+                              const Prepared& prep, const QatBuffers& buf, const fva_tensor_t& q,
+                              const fva_tensor_t& k, const fva_tensor_t& v, void* stream) {
+  const int32_t dtype = q.dtype;
+  const char* sfx = dtype_suffix(dtype);
+  if (prep.mean) {
+    kern::MeanParams m{};
+    m.x = tensor4(k);
+    m.B = static_cast<int32_t>(p.B);
+    m.H = static_cast<int32_t>(p.Hkv);
+    m.S = static_cast<int32_t>(p.Skv);
+    m.D = static_cast<int32_t>(p.D);
+    m.chunk_tokens = kMeanChunkTokens;
+    m.partial = buf.mean_partial;
+    m.num_chunks = static_cast<int32_t>(mean_chunks(p));
+    m.mean = buf.k_mean;
+    Launch l;
+    l.grid_x = static_cast<unsigned>(m.num_chunks);
+    launch("prep", fmt::format("fva_k_mean_partial_{}", sfx).c_str(), h.device, l, stream, m);
+    l.grid_x = 1;
+    launch("prep", fmt::format("fva_k_mean_final_{}", sfx).c_str(), h.device, l, stream, m);
+  }
+  kern::AttentionParams a{};
+  a.q = tensor4(q);
+  a.k = tensor4(k);
+  a.v = tensor4(v);
+  const int32_t mode = p.cfg.qkv_scale;
+  if (prep.q) {
+    a.q = contiguous4(buf.fq, p.Hq, p.Sq, p.D);
+    launch_quantize(h, dtype, tensor4(q), a.q, p.B, p.Hq, p.Sq, p.D, mode, kQatTileTokens, true,
+                    nullptr, stream);
+  }
+  if (prep.k) {
+    a.k = contiguous4(buf.fk, p.Hkv, p.Skv, p.D);
+    launch_quantize(h, dtype, tensor4(k), a.k, p.B, p.Hkv, p.Skv, p.D, mode, kQatTileTokens,
+                    quantize, buf.k_mean, stream);
+  }
+  if (prep.v) {
+    a.v = contiguous4(buf.fv, p.Hkv, p.Skv, p.D);
+    launch_quantize(h, dtype, tensor4(v), a.v, p.B, p.Hkv, p.Skv, p.D, mode, kQatTileTokens, true,
+                    nullptr, stream);
+  }
+  a.k_mean = buf.k_mean;
+  a.B = static_cast<int32_t>(p.B);
+  a.Hq = static_cast<int32_t>(p.Hq);
+  a.Hkv = static_cast<int32_t>(p.Hkv);
+  a.Sq = static_cast<int32_t>(p.Sq);
+  a.Skv = static_cast<int32_t>(p.Skv);
+  a.scale = p.scale;
+  // One fp32 value, as the CPU reference rounds it.
+  a.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  a.causal = p.cfg.causal;
+  a.p_scale = p.cfg.p_scale;
+  return a;
+}
+
+}  // namespace
+
+void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
+  if (p.D != 64 && p.D != 128)
+    fail(FVA_ERR_UNSUPPORTED,
+         "q: head dim {} is not supported by the CUDA backend (its kernels cover D = 64 and 128); "
+         "the CPU backend (FVA_BACKEND_CPU, host pointers) runs D = 16, 32, 64, 128 and 256",
+         p.D);
+  if (dtype != FVA_DTYPE_BF16 && dtype != FVA_DTYPE_F16)
+    fail(FVA_ERR_UNSUPPORTED, "q: the CUDA backend runs bf16 and f16 only");
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (p.Sq > kMaxInt - 64 || p.Skv > kMaxInt - 64)
+    fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 - 65 are not supported by the CUDA backend");
+  if (p.B * p.Hq > 65535)
+    fail(FVA_ERR_UNSUPPORTED,
+         "q: B * H = {} exceeds the CUDA backend's limit of 65535 (batch x heads per launch)",
+         p.B * p.Hq);
+}
+
+size_t qat_forward_workspace(const cpu::QatProblem& p) {
+  WorkspaceCarver c(nullptr);
+  carve(p, prepared(p, p.cfg.quantize != 0), false, c);
+  return c.bytes();
+}
+
+size_t qat_backward_workspace(const cpu::QatProblem& p) {
+  WorkspaceCarver c(nullptr);
+  carve(p, prepared(p, p.cfg.quantize != 0 && p.cfg.quantized_qkv_backward != 0), true, c);
+  return c.bytes();
+}
+
+void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
+                 const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
+                 const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream) {
+  ensure_context(h.device);
+  const bool quantize = p.cfg.quantize != 0;
+  const Prepared prep = prepared(p, quantize);
+  WorkspaceCarver c(ws);
+  const QatBuffers buf = carve(p, prep, false, c);
+  kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
+  a.o = tensor4(o);
+  a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
+  a.lse = tensor3(lse);
+  a.quantize_p = quantize ? 1 : 0;
+  Launch l;
+  l.grid_x = blocks_for(p.Sq, 64);
+  l.grid_y = static_cast<unsigned>(p.B * p.Hq);
+  l.smem = static_cast<size_t>(kern::forward_smem_bytes(static_cast<int>(p.D)));
+  const std::string name =
+      fmt::format("fva_qat_fwd_{}_d{}_q{}", dtype_suffix(q.dtype), p.D, quantize ? 1 : 0);
+  launch("qat", name.c_str(), h.device, l, stream, a);
+}
+
+void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
+                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o_for_bwd,
+                  const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,
+                  const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws, void* stream) {
+  ensure_context(h.device);
+  // FastVideo's use_qat_qkv_backward = 0 runs the backward on the unquantized (smoothed) inputs.
+  const bool quantize = p.cfg.quantize != 0 && p.cfg.quantized_qkv_backward != 0;
+  const Prepared prep = prepared(p, quantize);
+  WorkspaceCarver c(ws);
+  const QatBuffers buf = carve(p, prep, true, c);
+  kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
+  a.o_for_bwd = tensor4(o_for_bwd);
+  a.dout = tensor4(dout);
+  a.lse = tensor3(lse);
+  a.dq = tensor4(dq);
+  a.dk = tensor4(dk);
+  a.dv = tensor4(dv);
+  a.delta = buf.delta;
+  a.quantize_p = p.cfg.quantize != 0 && p.cfg.quantize_p_backward != 0 ? 1 : 0;
+  const char* sfx = dtype_suffix(q.dtype);
+
+  Launch l;
+  l.grid_x = blocks_for(p.B * p.Hq * p.Sq, 4);  // a warp per row
+  launch("prep", fmt::format("fva_delta_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+
+  l.grid_x = blocks_for(p.Sq, 64);
+  l.grid_y = static_cast<unsigned>(p.B * p.Hq);
+  l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
+  launch("qat", fmt::format("fva_qat_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+
+  l.grid_x = blocks_for(p.Skv, 64);
+  l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
+  l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));
+  launch("qat", fmt::format("fva_qat_bwd_dkdv_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+}
+
+void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const fva_tensor_t& x,
+                         const fva_tensor_t& y, void* stream) {
+  if (x.dtype != FVA_DTYPE_BF16 && x.dtype != FVA_DTYPE_F16)
+    fail(FVA_ERR_UNSUPPORTED, "x: the CUDA backend runs bf16 and f16 only");
+  if (x.shape[0] * x.shape[1] > std::numeric_limits<int32_t>::max() ||
+      x.shape[2] > std::numeric_limits<int32_t>::max() - 64)
+    fail(FVA_ERR_UNSUPPORTED, "x: too large for the CUDA backend's 32-bit token indexing");
+  ensure_context(h.device);
+  // Block mode has no tile: 32-token work units keep every warp busy.
+  const int64_t tile = p.scale_mode == FVA_SCALE_TILE ? p.tile_tokens : 32;
+  launch_quantize(h, x.dtype, tensor4(x), tensor4(y), x.shape[0], x.shape[1], x.shape[2],
+                  x.shape[3], p.scale_mode, static_cast<int32_t>(std::min<int64_t>(tile, x.shape[2])),
+                  true, nullptr, stream);
+}
+
+}  // namespace fva::cuda

@@ -1,0 +1,233 @@
+// VSA on the CUDA backend: forward (one launch), backward (Delta, the k2q inverse in the workspace,
+// dQ, dK/dV) and the public k2q inversion. Index contents are never read on the host: the kernels
+// apply the metadata rules of src/cpu/vsa_common.h themselves.
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "cuda_ops.h"
+#include "error.h"
+#include "kernel_images.h"
+#include "params.h"
+
+namespace fva::cuda {
+namespace {
+
+kern::VsaLists lists(const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
+                     const fva_tensor_t* block_sizes, int64_t num_kv_blocks) {
+  kern::VsaLists l{};
+  l.q2k_idx = static_cast<const int32_t*>(q2k_idx.data);
+  l.idx_stride_b = q2k_idx.strides[0];
+  l.idx_stride_h = q2k_idx.strides[1];
+  l.idx_stride_qb = q2k_idx.strides[2];
+  l.q2k_num = static_cast<const int32_t*>(q2k_num.data);
+  l.num_stride_b = q2k_num.strides[0];
+  l.num_stride_h = q2k_num.strides[1];
+  l.num_stride_qb = q2k_num.strides[2];
+  if (block_sizes) {
+    l.block_sizes = static_cast<const int32_t*>(block_sizes->data);
+    l.block_sizes_stride = block_sizes->strides[0];
+  }
+  l.num_q_blocks = static_cast<int32_t>(q2k_idx.shape[2]);
+  l.num_kv_blocks = static_cast<int32_t>(num_kv_blocks);
+  l.max_k = static_cast<int32_t>(q2k_idx.shape[3]);
+  return l;
+}
+
+kern::AttentionParams attention_params(const cpu::VsaProblem& p, const fva_tensor_t& q,
+                                       const fva_tensor_t& k, const fva_tensor_t& v,
+                                       const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
+                                       const fva_tensor_t& block_sizes) {
+  kern::AttentionParams a{};
+  a.q = tensor4(q);
+  a.k = tensor4(k);
+  a.v = tensor4(v);
+  a.B = static_cast<int32_t>(p.B);
+  a.Hq = static_cast<int32_t>(p.Hq);
+  a.Hkv = static_cast<int32_t>(p.Hkv);
+  a.Sq = static_cast<int32_t>(p.num_q_blocks * cpu::kVsaBlock);
+  a.Skv = static_cast<int32_t>(p.num_kv_blocks * cpu::kVsaBlock);
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * 1.4426950408889634f;  // fp32 product, as the CPU reference computes it
+  a.vsa = lists(q2k_idx, q2k_num, &block_sizes, p.num_kv_blocks);
+  return a;
+}
+
+// The inverse's buffers, for `units` = B * H lists of num_q_blocks x max_k entries each.
+struct InverseBuffers {
+  int32_t *counts, *offsets, *cursor, *entries;
+};
+InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t max_k,
+                             WorkspaceCarver& c) {
+  InverseBuffers b;
+  b.counts = c.take<int32_t>(static_cast<size_t>(units * nkv));
+  b.offsets = c.take<int32_t>(static_cast<size_t>(units * (nkv + 1)));
+  b.cursor = c.take<int32_t>(static_cast<size_t>(units * nkv));
+  b.entries = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nqb * max_k, 1)));
+  return b;
+}
+
+// Launches steps 1-5 of kernels/vsa/vsa_invert.cu (and 6 when ip.k2q_idx is set).
+void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuffers& b,
+                   void* stream) {
+  ip.counts = b.counts;
+  ip.offsets = b.offsets;
+  ip.cursor = b.cursor;
+  ip.entries = b.entries;
+  const int64_t units = static_cast<int64_t>(ip.B) * ip.H;
+  const int64_t per_kv = units * ip.lists.num_kv_blocks;
+  const int64_t per_entry = units * ip.lists.num_q_blocks * ip.lists.max_k;
+  Launch l;
+  l.block = 256;
+  l.grid_x = std::min<unsigned>(blocks_for(per_kv, 256), 65535u);
+  launch("vsa", "fva_vsa_invert_zero", h.device, l, stream, ip);
+  l.grid_x = blocks_for(per_entry, 256);
+  launch("vsa", "fva_vsa_invert_count", h.device, l, stream, ip);
+  l.grid_x = blocks_for(units, 256);
+  launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
+  l.grid_x = blocks_for(per_entry, 256);
+  launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
+  l.grid_x = blocks_for(per_kv, 256);
+  launch("vsa", "fva_vsa_invert_sort", h.device, l, stream, ip);
+  if (ip.k2q_idx != nullptr) launch("vsa", "fva_vsa_invert_emit", h.device, l, stream, ip);
+}
+
+void require_index_size(int64_t units, int64_t nqb, int64_t max_k) {
+  if (units * nqb * max_k > std::numeric_limits<int32_t>::max() / 2)
+    fail(FVA_ERR_UNSUPPORTED,
+         "q2k_idx: B * H * num_q_blocks * max_k = {} is above the CUDA backend's limit of 2^30 list "
+         "entries",
+         units * nqb * max_k);
+}
+
+}  // namespace
+
+void require_vsa_support(const cpu::VsaProblem& p, int32_t dtype) {
+  if (p.D != 64 && p.D != 128)
+    fail(FVA_ERR_UNSUPPORTED,
+         "q: head dim {} is not supported by the CUDA backend (D = 64 and 128); the CPU backend "
+         "(FVA_BACKEND_CPU, host pointers) runs it",
+         p.D);
+  if (dtype != FVA_DTYPE_BF16 && dtype != FVA_DTYPE_F16)
+    fail(FVA_ERR_UNSUPPORTED, "q: the CUDA backend runs bf16 and f16 only");
+  if (p.B * p.Hq > 65535)
+    fail(FVA_ERR_UNSUPPORTED, "q: B * H = {} exceeds the CUDA backend's limit of 65535", p.B * p.Hq);
+  if ((p.num_q_blocks + p.num_kv_blocks) * cpu::kVsaBlock > std::numeric_limits<int32_t>::max() - 64)
+    fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 are not supported by the CUDA backend");
+  require_index_size(p.B * p.Hq, p.num_q_blocks, p.max_k);
+}
+
+size_t vsa_forward_workspace(const cpu::VsaProblem&) { return 0; }
+
+void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
+                 const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
+                 const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
+                 const fva_tensor_t& o, const fva_tensor_t& lse, void*, void* stream) {
+  ensure_context(h.device);
+  kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
+  a.o = tensor4(o);
+  a.lse = tensor3(lse);
+  Launch l;
+  l.grid_x = static_cast<unsigned>(p.num_q_blocks);
+  l.grid_y = static_cast<unsigned>(p.B * p.Hq);
+  l.smem = static_cast<size_t>(kern::forward_smem_bytes(static_cast<int>(p.D)));
+  launch("vsa", fmt::format("fva_vsa_fwd_{}_d{}", dtype_suffix(q.dtype), p.D).c_str(), h.device, l,
+         stream, a);
+}
+
+namespace {
+struct VsaBackwardBuffers {
+  float* delta;
+  InverseBuffers inverse;
+};
+VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, WorkspaceCarver& c) {
+  VsaBackwardBuffers b;
+  b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * cpu::kVsaBlock));
+  b.inverse = carve_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
+  return b;
+}
+}  // namespace
+
+size_t vsa_backward_workspace(const cpu::VsaProblem& p) {
+  WorkspaceCarver c(nullptr);
+  carve_backward(p, c);
+  return c.bytes();
+}
+
+void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
+                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
+                  const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
+                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
+                  const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
+                  void* stream) {
+  ensure_context(h.device);
+  WorkspaceCarver c(ws);
+  const VsaBackwardBuffers buf = carve_backward(p, c);
+  kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
+  a.o_for_bwd = tensor4(o);
+  a.dout = tensor4(dout);
+  a.lse = tensor3(lse);
+  a.dq = tensor4(dq);
+  a.dk = tensor4(dk);
+  a.dv = tensor4(dv);
+  a.delta = buf.delta;
+  const char* sfx = dtype_suffix(q.dtype);
+
+  kern::InvertParams ip{};
+  ip.lists = a.vsa;
+  ip.B = a.B;
+  ip.H = a.Hq;
+  ip.skip_empty_blocks = 1;  // blocks without a real token contribute nothing
+  build_inverse(h, ip, buf.inverse, stream);
+  a.vsa.inv_offsets = buf.inverse.offsets;
+  a.vsa.inv_entries = buf.inverse.entries;
+  a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
+
+  Launch l;
+  l.grid_x = blocks_for(static_cast<int64_t>(a.B) * a.Hq * a.Sq, 4);
+  launch("prep", fmt::format("fva_delta_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+
+  l.grid_x = static_cast<unsigned>(p.num_q_blocks);
+  l.grid_y = static_cast<unsigned>(p.B * p.Hq);
+  l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
+  launch("vsa", fmt::format("fva_vsa_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+
+  l.grid_x = static_cast<unsigned>(p.num_kv_blocks);
+  l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
+  l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));
+  launch("vsa", fmt::format("fva_vsa_bwd_dkdv_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+}
+
+size_t vsa_invert_indices_workspace(const cpu::VsaIndexProblem& p) {
+  WorkspaceCarver c(nullptr);
+  carve_inverse(p.B * p.H, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
+  return c.bytes();
+}
+
+void vsa_invert_indices(const fva_handle& h, const cpu::VsaIndexProblem& p,
+                        const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
+                        const fva_tensor_t& k2q_idx, const fva_tensor_t& k2q_num, void* ws,
+                        void* stream) {
+  if (p.B * p.H > 65535 * 256)
+    fail(FVA_ERR_UNSUPPORTED, "q2k_idx: B * H = {} is above the CUDA backend's limit", p.B * p.H);
+  require_index_size(p.B * p.H, p.num_q_blocks, p.max_k);
+  ensure_context(h.device);
+  WorkspaceCarver c(ws);
+  const InverseBuffers buf = carve_inverse(p.B * p.H, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
+  kern::InvertParams ip{};
+  ip.lists = lists(q2k_idx, q2k_num, nullptr, p.num_kv_blocks);
+  ip.B = static_cast<int32_t>(p.B);
+  ip.H = static_cast<int32_t>(p.H);
+  ip.skip_empty_blocks = 0;
+  ip.k2q_idx = static_cast<int32_t*>(k2q_idx.data);
+  ip.k2q_stride_b = k2q_idx.strides[0];
+  ip.k2q_stride_h = k2q_idx.strides[1];
+  ip.k2q_stride_kv = k2q_idx.strides[2];
+  ip.k2q_num = static_cast<int32_t*>(k2q_num.data);
+  ip.k2q_num_stride_b = k2q_num.strides[0];
+  ip.k2q_num_stride_h = k2q_num.strides[1];
+  ip.k2q_num_stride_kv = k2q_num.strides[2];
+  build_inverse(h, ip, buf, stream);
+}
+
+}  // namespace fva::cuda
