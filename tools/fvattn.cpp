@@ -1,7 +1,9 @@
 // The fvattn command line.
 //   fvattn info   what this library is and what it runs on (version, ABI, backend, device or why none)
 //   fvattn demo   the main job: QAT and VSA attention forward and backward, checked against the
-//                 independent float64 reference (tools/reference64), timed, printed as a table
+//                 independent float64 reference (tools/reference64), timed, printed as a table; on the
+//                 GPU when there is one (tools/demo_gpu.cpp), else on the CPU reference backend
+//   fvattn bench  GPU TFLOPS over shapes, with PyTorch SDPA alongside (tools/bench.cpp)
 // It uses only the public C API, like any client.
 #include <fmt/format.h>
 #include <fvattn/fvattn.h>
@@ -20,6 +22,9 @@
 #include <vector>
 
 #include "reference64.h"
+#if FVATTN_TOOLS_GPU
+#include "commands.h"
+#endif
 
 namespace {
 
@@ -168,9 +173,10 @@ int cmd_info() {
     check(fva_get_info(h, &info), "fva_get_info");
     fmt::print("CUDA device {}: {} (sm_{}{}, {} SMs)\n", info.device, info.device_name,
                info.sm_major, info.sm_minor, info.sm_count);
-    fmt::print("CUDA kernel image: {} (this release has no CUDA kernels yet; CUDA handles return "
-               "FVA_ERR_UNSUPPORTED for every operation)\n",
-               info.image);
+    fmt::print("CUDA kernel image: {}{}\n", info.image,
+               std::strcmp(info.image, "none") == 0
+                   ? " (no image for this device: CUDA handles return FVA_ERR_UNSUPPORTED)"
+                   : " (portable mma.sync kernels: QAT, VSA, NVFP4 prep)");
     fva_destroy(h);
   } else {
     fmt::print("CUDA: unavailable: {}\n", fva_last_error());
@@ -199,7 +205,12 @@ int cmd_info() {
                    : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16"
                                                                   : "16,32,64,128,256"),
                "reference (src/cpu)");
-    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "", "CUDA", "-", "-", "none yet");
+    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "", "CUDA", indices ? "int32" : "bf16, f16",
+               indices ? "-" : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16" : "64, 128"),
+               std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "prep family (kernels/prep)"
+               : indices                                   ? "vsa family (kernels/vsa/vsa_invert.cu)"
+               : vsa ? "vsa family: mma.sync m16n8k16, 64x64 tiles"
+                     : "qat family: mma.sync m16n8k16, 64x64 tiles");
   }
   return 0;
 }
@@ -368,6 +379,7 @@ int cmd_demo(int argc, char** argv) {
   DemoShape s;
   uint64_t seed = std::random_device{}();
   int runs = 3;
+  bool seq_set = false, heads_set = false;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     int64_t v = 0;
@@ -380,12 +392,14 @@ int cmd_demo(int argc, char** argv) {
     };
     if (a == "--seq") {
       value(&s.S);
+      seq_set = true;
       if (s.S % 64) {
         fmt::print(stderr, "fvattn demo: --seq must be a multiple of 64 (VSA blocks)\n");
         return 2;
       }
     } else if (a == "--heads") {
       value(&s.H);
+      heads_set = true;
     } else if (a == "--seed") {
       value(&v);
       seed = static_cast<uint64_t>(v);
@@ -398,14 +412,28 @@ int cmd_demo(int argc, char** argv) {
     }
   }
 
-  // The GPU path comes with the CUDA kernels; until then the demo runs the CPU reference backend,
-  // and says why.
+  // On the GPU when there is one with a kernel image (B=1, H=8, S=16384 by default), else on the
+  // CPU reference backend at a smaller shape, saying why.
   fva_handle_t h = nullptr;
   fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
   opts.backend = FVA_BACKEND_CUDA;
   std::string why;
   if (fva_create(&h, &opts) == FVA_OK) {
-    why = "a CUDA device is present, but this release has no CUDA kernels yet";
+    fva_handle_info_t ci;
+    ci.struct_size = sizeof ci;
+    check(fva_get_info(h, &ci), "fva_get_info");
+#if FVATTN_TOOLS_GPU
+    if (std::strcmp(ci.image, "none") != 0) {
+      const int rc = fvtool::demo_gpu(h, heads_set ? s.H : 8, seq_set ? s.S : 16384, seed, runs);
+      fva_destroy(h);
+      return rc;
+    }
+    why = fmt::format("no kernel image for {} in this build", ci.device_name);
+#else
+    (void)seq_set;
+    (void)heads_set;
+    why = "this fvattn tool was built without CUDA (FVATTN_CUDA=OFF)";
+#endif
     fva_destroy(h);
   } else {
     why = fva_last_error();
@@ -460,6 +488,9 @@ void usage() {
       "      --heads N        heads (default 2)\n"
       "      --seed N         random seed (default: fresh each run, printed)\n"
       "      --runs N         timed runs per op (default 3)\n"
+      "                       (GPU: B=1, H=8, S=16384, D=128 by default; CPU backend: H=2, S=1024)\n"
+      "  bench [options]      GPU TFLOPS of QAT and VSA forward/backward over shapes, PyTorch SDPA\n"
+      "                       alongside when importable (fvattn bench --help)\n"
       "  version              print the library version\n");
 }
 
@@ -473,6 +504,14 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "info") return cmd_info();
   if (cmd == "demo") return cmd_demo(argc - 2, argv + 2);
+  if (cmd == "bench") {
+#if FVATTN_TOOLS_GPU
+    return fvtool::cmd_bench(argc - 2, argv + 2);
+#else
+    fmt::print(stderr, "fvattn bench: this tool was built without CUDA (FVATTN_CUDA=OFF)\n");
+    return 2;
+#endif
+  }
   if (cmd == "version") {
     const int32_t v = fva_version();
     fmt::print("{}.{}.{}\n", v / 10000, v / 100 % 100, v % 100);

@@ -128,8 +128,14 @@ bool query_device(int requested, DeviceInfo* info, std::string* why) {
   }
   int ordinal = requested;
   if (ordinal < 0) {
-    CUdevice current;
-    ordinal = a.cuCtxGetDevice(&current) == CUDA_SUCCESS ? current : 0;
+    // The device of the calling thread's current context; asking cuCtxGetDevice without one is an
+    // API error (compute-sanitizer reports it), so look for a context first.
+    CUcontext ctx = nullptr;
+    CUdevice current = 0;
+    ordinal = a.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr &&
+                      a.cuCtxGetDevice(&current) == CUDA_SUCCESS
+                  ? current
+                  : 0;
   }
   if (ordinal >= count) {
     *why = fmt::format("device {} does not exist (this machine has {} CUDA device{})", ordinal,

@@ -76,9 +76,24 @@ std::vector<double> normal_values(int64_t n, double stddev = 1.0) {
 // A device workspace of exactly the queried size, poisoned.
 DeviceBuffer device_workspace(size_t bytes) { return DeviceBuffer(bytes, 0xFF); }
 
+// rel L2 with the reference's norm floored at 1e-3 per element (rms): where the reference is
+// exactly 0 (one key: P = 1 and dS = dP - Delta cancels to 0 on the CPU, to ~1e-7 on the GPU, whose
+// Delta sums in another order), a relative error means nothing.
+double rel_l2_floored(const std::vector<double>& g, const std::vector<double>& r) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    num += (g[i] - r[i]) * (g[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  if (has_nan(g)) return std::nan("");
+  den = std::max(den, 1e-6 * static_cast<double>(r.size()));
+  return std::sqrt(num / den);
+}
+
 void check_close(const std::string& what, const HostTensor& got, const HostTensor& ref, double tol) {
   const std::vector<double> g = got.values(), r = ref.values();
-  const double e = rel_l2(g, r);
+  const double e = rel_l2_floored(g, r);
+  MESSAGE(what << ": rel L2 " << e);
   INFO(what << ": rel L2 " << e << ", NaN " << count_nan(g));
   CHECK_MESSAGE(!has_nan(g), what << " has " << count_nan(g) << " NaN");
   CHECK_MESSAGE(e <= tol, what << ": rel L2 " << e << " > " << tol);
@@ -518,7 +533,10 @@ TEST_CASE("GPU results against FastVideo's golden outputs") {
     check_close("o vs golden", got.o, g_o, tol);
     check_close("o vs CPU backend", got.o, ref.o, kTol);
     std::vector<double> g_lse = golden_f32(gc, "lse"), lse = got.lse.values();
-    CHECK_MESSAGE(rel_l2(lse, g_lse) <= kLseTol, "lse vs golden " << rel_l2(lse, g_lse));
+    // The CPU backend's own lse is 1.2e-3 from golden in the tie case (tests/test_golden.cpp
+    // allows 10x there); the GPU must match the CPU backend tightly everywhere.
+    CHECK_MESSAGE(rel_l2(lse, g_lse) <= (tie_case ? 10 : 1) * kLseTol, "lse vs golden " << rel_l2(lse, g_lse));
+    check_close("lse vs CPU backend", got.lse, ref.lse, kLseTol);
     // Backward from golden's o_bwd and lse.
     HostTensor o_bwd = load("o_bwd", qs), lse_g(FVA_DTYPE_F32, {c.B, c.Hq, c.Sq});
     lse_g.fill(g_lse);

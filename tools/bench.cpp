@@ -1,0 +1,297 @@
+// `fvattn bench`: forward and backward TFLOPS of QAT attention (FastVideo's production preset) and
+// VSA (25% density) on the GPU, over a list of sequence lengths, with PyTorch's cuDNN SDPA (dense
+// bf16) timed in the same run when PyTorch is importable. Timing follows docs/perf.md's method:
+// CUDA events around each call, warm-up first, the median of the timed calls, input sets rotated so
+// that they never sit in L2 between calls. Progress on stderr, the table on stdout, --json for
+// machines.
+//
+// FLOPs (ARCHITECTURE.md): attention forward 4·B·H·Sq·Skv·D, backward 2.5x ("algorithmic", what every
+// comparison uses); QAT also reports what its forward executes (6·B·H·S²·D: two P·V products); VSA
+// counts only selected blocks (4·B·H·D·64·64·Σ q2k_num) and reports the dense-equivalent rate too.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fvattn/fvattn.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "gpu_util.h"
+
+namespace fvtool {
+namespace {
+
+struct BenchOptions {
+  int64_t B = 1, H = 8, D = 128;
+  std::vector<int64_t> seqs = {4096, 16384, 32768};
+  int warmup = 3, iters = 20;
+  double density = 0.25;
+  std::string json_path;
+  bool sdpa = true;
+};
+
+struct Result {
+  std::string op;
+  int64_t S;
+  double ms;
+  double tflops;        // algorithmic
+  double tflops_extra;  // QAT: executed; VSA: dense-equivalent; SDPA: 0
+};
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> d;
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) {
+    const float f = d(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return v;
+}
+
+// How many copies of a working set keep the rotation above 100 MiB (H200 L2: 50 MiB), at most 4.
+int rotation_sets(size_t bytes_per_set) {
+  const size_t target = 100u << 20;
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (target + bytes_per_set - 1) / bytes_per_set)));
+}
+
+struct AttnSet {
+  DeviceArray q, k, v, o, o_hp, lse, dout, dq, dk, dv;
+};
+
+AttnSet make_set(int64_t B, int64_t H, int64_t S, int64_t D, std::mt19937_64& rng) {
+  const size_t n = static_cast<size_t>(B * H * S * D), bytes = n * 2;
+  AttnSet s{DeviceArray(bytes), DeviceArray(bytes), DeviceArray(bytes), DeviceArray(bytes),
+            DeviceArray(bytes), DeviceArray(static_cast<size_t>(B * H * S) * 4), DeviceArray(bytes),
+            DeviceArray(bytes), DeviceArray(bytes), DeviceArray(bytes)};
+  for (DeviceArray* a : {&s.q, &s.k, &s.v, &s.dout}) a->upload(random_bf16(n, rng));
+  return s;
+}
+
+void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_64& rng,
+                 cudaStream_t stream, std::vector<Result>& out) {
+  const int64_t B = o.B, H = o.H, D = o.D;
+  const int sets = rotation_sets(static_cast<size_t>(4 * B * H * S * D * 2));
+  std::vector<AttnSet> a;
+  for (int i = 0; i < sets; ++i) a.push_back(make_set(B, H, S, D, rng));
+  auto t4 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_BF16, {B, H, S, D}); };
+  auto t3 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_F32, {B, H, S}); };
+  const double dense = 4.0 * B * H * static_cast<double>(S) * S * D;
+
+  // ---- QAT, production preset ----
+  const fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
+  size_t fb = 0, bb = 0;
+  {
+    const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
+    fva_check(fva_qat_forward_workspace_size(h, &cfg, &q, &k, &v, &fb), "qat workspace");
+    fva_check(fva_qat_backward_workspace_size(h, &cfg, &q, &k, &v, &bb), "qat workspace");
+  }
+  DeviceArray ws(std::max(fb, bb));
+  auto qat_fwd = [&](int i) {
+    const AttnSet& s = a[static_cast<size_t>(i % sets)];
+    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), oh = t4(s.o_hp), l = t3(s.lse);
+    fva_check(fva_qat_forward(h, &cfg, &q, &k, &v, &oo, &oh, &l, ws.get(), fb, stream), "fva_qat_forward");
+  };
+  fmt::print(stderr, "bench S={}: QAT forward ...\n", S);
+  double ms = median_ms(stream, o.warmup, o.iters, qat_fwd);
+  out.push_back({"qat_forward", S, ms, dense / (ms * 1e9), 1.5 * dense / (ms * 1e9)});
+  for (int i = 0; i < sets; ++i) qat_fwd(i);  // o_hp and lse for the backward
+  auto qat_bwd = [&](int i) {
+    const AttnSet& s = a[static_cast<size_t>(i % sets)];
+    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oh = t4(s.o_hp), l = t3(s.lse),
+                       d = t4(s.dout), gq = t4(s.dq), gk = t4(s.dk), gv = t4(s.dv);
+    fva_check(fva_qat_backward(h, &cfg, &q, &k, &v, &oh, &l, &d, &gq, &gk, &gv, ws.get(), bb, stream),
+              "fva_qat_backward");
+  };
+  fmt::print(stderr, "bench S={}: QAT backward ...\n", S);
+  ms = median_ms(stream, o.warmup, o.iters, qat_bwd);
+  out.push_back({"qat_backward", S, ms, 2.5 * dense / (ms * 1e9), 0.0});
+
+  // ---- VSA at the requested density: each q block lists top-k = nblocks * density kv blocks ----
+  const int64_t nb = S / 64, topk = std::max<int64_t>(1, static_cast<int64_t>(nb * o.density));
+  std::vector<int32_t> idx(static_cast<size_t>(B * H * nb * topk)), num(static_cast<size_t>(B * H * nb), static_cast<int32_t>(topk));
+  std::vector<int32_t> all(static_cast<size_t>(nb));
+  for (int64_t i = 0; i < nb; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  for (int64_t r = 0; r < B * H * nb; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + topk);
+    std::copy(all.begin(), all.begin() + topk, idx.begin() + r * topk);
+  }
+  DeviceArray didx(idx.size() * 4), dnum(num.size() * 4), dsizes(static_cast<size_t>(nb) * 4);
+  didx.upload(idx);
+  dnum.upload(num);
+  dsizes.upload(std::vector<int32_t>(static_cast<size_t>(nb), 64));
+  const fva_tensor_t ti = contiguous(didx.get(), FVA_DTYPE_I32, {B, H, nb, topk});
+  const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {B, H, nb});
+  const fva_tensor_t ts = contiguous(dsizes.get(), FVA_DTYPE_I32, {nb});
+  const fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
+  size_t vb = 0;
+  {
+    const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
+    fva_check(fva_vsa_backward_workspace_size(h, &vcfg, &q, &k, &v, &ti, &vb), "vsa workspace");
+  }
+  DeviceArray vws(vb);
+  const double sparse = 4.0 * B * H * D * 64.0 * 64.0 * static_cast<double>(nb * topk);
+  const double density = static_cast<double>(topk) / static_cast<double>(nb);
+  auto vsa_fwd = [&](int i) {
+    const AttnSet& s = a[static_cast<size_t>(i % sets)];
+    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), l = t3(s.lse);
+    fva_check(fva_vsa_forward(h, &vcfg, &q, &k, &v, &ti, &tn, &ts, &oo, &l, nullptr, 0, stream),
+              "fva_vsa_forward");
+  };
+  fmt::print(stderr, "bench S={}: VSA forward (top-k {} of {} blocks) ...\n", S, topk, nb);
+  ms = median_ms(stream, o.warmup, o.iters, vsa_fwd);
+  out.push_back({"vsa_forward", S, ms, sparse / (ms * 1e9), sparse / density / (ms * 1e9)});
+  for (int i = 0; i < sets; ++i) vsa_fwd(i);
+  auto vsa_bwd = [&](int i) {
+    const AttnSet& s = a[static_cast<size_t>(i % sets)];
+    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), l = t3(s.lse),
+                       d = t4(s.dout), gq = t4(s.dq), gk = t4(s.dk), gv = t4(s.dv);
+    fva_check(fva_vsa_backward(h, &vcfg, &q, &k, &v, &oo, &l, &d, &ti, &tn, &ts, &gq, &gk, &gv,
+                               vws.get(), vb, stream),
+              "fva_vsa_backward");
+  };
+  fmt::print(stderr, "bench S={}: VSA backward ...\n", S);
+  ms = median_ms(stream, o.warmup, o.iters, vsa_bwd);
+  out.push_back({"vsa_backward", S, ms, 2.5 * sparse / (ms * 1e9), 2.5 * sparse / density / (ms * 1e9)});
+}
+
+// PyTorch's SDPA in a child process (tools/bench_sdpa.py); empty when PyTorch is not importable.
+std::vector<Result> run_sdpa(const BenchOptions& o) {
+  std::vector<Result> r;
+  const char* env = std::getenv("FVATTN_BENCH_SDPA_SCRIPT");
+  const std::string script = env ? env : FVATTN_SOURCE_DIR "/tools/bench_sdpa.py";
+  std::string cmd = fmt::format("python3 {} {} {} {}", script, o.B, o.H, o.D);
+  for (int64_t s : o.seqs) cmd += fmt::format(" {}", s);
+  cmd += " 2>&1";
+  fmt::print(stderr, "bench: PyTorch SDPA ({}) ...\n", cmd);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char line[4096];
+  std::string log;
+  while (std::fgets(line, sizeof line, p)) {
+    long long S = 0;
+    double f = 0, b = 0;
+    char backend[32] = {0};
+    if (std::sscanf(line, "{\"S\": %lld, \"fwd_ms\": %lf, \"bwd_ms\": %lf, \"backend\": \"%31[a-z]\"", &S, &f, &b,
+                    backend) == 4) {
+      const double dense = 4.0 * o.B * o.H * static_cast<double>(S) * S * o.D;
+      r.push_back({fmt::format("sdpa_{}_forward", backend), S, f, dense / (f * 1e9), 0.0});
+      r.push_back({fmt::format("sdpa_{}_backward", backend), S, b, 2.5 * dense / (b * 1e9), 0.0});
+    } else {
+      log += line;
+    }
+  }
+  const int rc = pclose(p);
+  if (rc != 0 || r.empty())
+    fmt::print(stderr, "bench: PyTorch SDPA not measured ({}):\n{}\n", rc, log.substr(0, 2000));
+  return r;
+}
+
+bool parse_list(const std::string& s, std::vector<int64_t>* out) {
+  out->clear();
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    char* end = nullptr;
+    const long long v = std::strtoll(s.c_str() + i, &end, 10);
+    if (end != s.c_str() + j || v <= 0) return false;
+    out->push_back(v);
+    i = j + 1;
+  }
+  return !out->empty();
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  BenchOptions o;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "fvattn bench: {} needs a value\n", a);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    std::vector<int64_t> one;
+    if (a == "--help") {
+      fmt::print(
+          "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
+          "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n");
+      return 0;
+    } else if (a == "--seq") {
+      if (!parse_list(next(), &o.seqs)) return 2;
+    } else if (a == "--batch" || a == "--heads" || a == "--dim" || a == "--iters" || a == "--warmup") {
+      if (!parse_list(next(), &one) || one.size() != 1) return 2;
+      (a == "--batch" ? o.B : a == "--heads" ? o.H : a == "--dim" ? o.D : one[0]) = one[0];
+      if (a == "--iters") o.iters = static_cast<int>(one[0]);
+      if (a == "--warmup") o.warmup = static_cast<int>(one[0]);
+    } else if (a == "--density") {
+      o.density = std::atof(next().c_str());
+    } else if (a == "--json") {
+      o.json_path = next();
+    } else if (a == "--no-sdpa") {
+      o.sdpa = false;
+    } else {
+      fmt::print(stderr, "fvattn bench: unknown option {}\n", a);
+      return 2;
+    }
+  }
+  for (int64_t s : o.seqs)
+    if (s % 64) {
+      fmt::print(stderr, "fvattn bench: sequence lengths must be multiples of 64 (VSA blocks)\n");
+      return 2;
+    }
+  fva_handle_t h = nullptr;
+  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
+  opts.backend = FVA_BACKEND_CUDA;
+  fva_check(fva_create(&h, &opts), "fva_create(CUDA)");
+  fva_handle_info_t info;
+  info.struct_size = sizeof info;
+  fva_check(fva_get_info(h, &info), "fva_get_info");
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::mt19937_64 rng(12345);
+  std::vector<Result> res;
+  for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, res);
+  cudaStreamDestroy(stream);
+  fva_destroy(h);
+  if (o.sdpa) {
+    const std::vector<Result> s = run_sdpa(o);
+    res.insert(res.end(), s.begin(), s.end());
+  }
+
+  fmt::print("fvattn bench on {} (sm_{}{}, image {}), B={} H={} D={}, bf16, median of {} (warm-up {})\n",
+             info.device_name, info.sm_major, info.sm_minor, info.image, o.B, o.H, o.D, o.iters, o.warmup);
+  fmt::print("{:<22} {:>7} {:>10} {:>9}  {}\n", "op", "S", "ms", "TFLOPS", "note");
+  for (const Result& r : res) {
+    std::string note;
+    if (r.op == "qat_forward") note = fmt::format("executed (2 P·V): {:.1f} TFLOPS", r.tflops_extra);
+    if (r.op.rfind("vsa", 0) == 0) note = fmt::format("dense-equivalent: {:.1f} TFLOPS", r.tflops_extra);
+    fmt::print("{:<22} {:>7} {:>10.3f} {:>9.1f}  {}\n", r.op, r.S, r.ms, r.tflops, note);
+  }
+  if (!o.json_path.empty()) {
+    FILE* f = std::fopen(o.json_path.c_str(), "w");
+    if (!f) {
+      fmt::print(stderr, "fvattn bench: cannot write {}\n", o.json_path);
+      return 1;
+    }
+    fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"results\": [\n",
+               info.device_name, info.image, o.B, o.H, o.D, o.iters);
+    for (size_t i = 0; i < res.size(); ++i)
+      fmt::print(f, "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}}}{}\n",
+                 res[i].op, res[i].S, res[i].ms, res[i].tflops, res[i].tflops_extra, i + 1 < res.size() ? "," : "");
+    fmt::print(f, "]}}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace fvtool

@@ -1,0 +1,17 @@
+// The GPU commands of the fvattn tool (tools/bench.cpp, tools/demo_gpu.cpp), built when the tool
+// is built with CUDA (FVATTN_TOOLS_GPU); tools/fvattn.cpp dispatches to them.
+#pragma once
+
+#include <fvattn/fvattn.h>
+
+#include <cstdint>
+
+namespace fvtool {
+
+// `fvattn bench [options]`; returns the exit status.
+int cmd_bench(int argc, char** argv);
+
+// `fvattn demo` on the GPU of handle h (a CUDA handle with a kernel image); returns the exit status.
+int demo_gpu(fva_handle_t h, int64_t heads, int64_t seq, uint64_t seed, int runs);
+
+}  // namespace fvtool
