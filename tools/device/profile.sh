@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# ncu profile of the attention kernels at the bench shape (B=1, H=8, S=16384, D=128), on the device
+# machine after tools/gpu-check has built build-gpu. Prints, per kernel, the time and the counters
+# that say what bounds it: tensor-pipe, shared-memory and issue utilization, occupancy, bank
+# conflicts, and the main warp stall reasons. Clocks are left alone (--clock-control none).
+#   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384).
+set -uo pipefail
+B=${BUILD_DIR:-build-gpu}
+m=gpu__time_duration.sum
+m+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+m+=,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed
+m+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+m+=,sm__issue_active.avg.pct_of_peak_sustained_active
+m+=,sm__warps_active.avg.pct_of_peak_sustained_active
+m+=,launch__registers_per_thread
+m+=,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
+m+=,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
+  --metrics "$m" --csv --page raw \
+  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 0 --no-sdpa > "${OUT:-/tmp}/ncu.csv" 2> "${OUT:-/tmp}/ncu.err"
+python3 - "${OUT:-/tmp}/ncu.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = rows[0]
+short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor%",
+         "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed": "smem%",
+         "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "bankconf",
+         "sm__issue_active.avg.pct_of_peak_sustained_active": "issue%", "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
+         "launch__registers_per_thread": "regs"}
+for k in hdr:
+    if "stalled_" in k:
+        short[k] = "st_" + k.split("stalled_")[1].split("_per_issue")[0][:10]
+cols = [i for i, k in enumerate(hdr) if k in short]
+name_i = hdr.index("Kernel Name")
+print("kernel".ljust(28) + " ".join(short[hdr[i]].rjust(10) for i in cols))
+for r in rows[2:]:
+    print(r[name_i][:28].ljust(28) + " ".join(r[i][:10].rjust(10) for i in cols))
+PY
