@@ -23,11 +23,11 @@ m+=,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
 ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
-  --metrics "$m" --csv --page raw \
-  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 0 --no-sdpa > "${OUT:-/tmp}/ncu.csv" 2> "${OUT:-/tmp}/ncu.err"
+  --metrics "$m" --csv --page raw --log-file "${OUT:-/tmp}/ncu.csv" \
+  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa > "${OUT:-/tmp}/ncu.err" 2>&1
 python3 - "${OUT:-/tmp}/ncu.csv" <<'PY'
 import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
+rows = [r for r in csv.reader(open(sys.argv[1])) if r and not r[0].startswith("==")]
 hdr = rows[0]
 short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor%",
          "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed": "smem%",
