@@ -58,8 +58,12 @@ inline auto cuda_binding() {
 
 // Defines the exported handler symbols <Name>Cpu and <Name>Cuda for an op: `impl` is
 // ffi::Error impl(const Exec&, <the op's bound parameters>...), `bind` adds the op's arguments,
-// attributes and results to a binding.
+// attributes and results to a binding. The library is built with hidden visibility, so the two
+// symbols Python looks up are declared exported first.
+#define FVATTN_JAX_EXPORT extern "C" __attribute__((visibility("default")))
 #define FVATTN_JAX_HANDLERS(Name, impl, bind)                                                  \
+  FVATTN_JAX_EXPORT XLA_FFI_Error* Name##Cpu(XLA_FFI_CallFrame*);                              \
+  FVATTN_JAX_EXPORT XLA_FFI_Error* Name##Cuda(XLA_FFI_CallFrame*);                             \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                               \
       Name##Cpu,                                                                               \
       [](auto... a) {                                                                          \
