@@ -1,5 +1,8 @@
 #include "ffi_support.h"
 
+#include <dlfcn.h>
+
+#include <cstdint>
 #include <map>
 #include <mutex>
 
@@ -43,6 +46,16 @@ bool dtype_of(ffi::DataType t, int32_t* code, size_t* esize) {
 
 }  // namespace
 
+bool cuda_copy_async(void* dst, const void* src, size_t bytes, void* stream) {
+  using MemcpyAsync = int (*)(uintptr_t, uintptr_t, size_t, void*);  // CUresult(CUdeviceptr x2, size_t, CUstream)
+  static const MemcpyAsync fn = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    return lib ? reinterpret_cast<MemcpyAsync>(dlsym(lib, "cuMemcpyAsync")) : nullptr;
+  }();
+  return fn != nullptr && fn(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), bytes, stream) == 0;
+}
+
 ffi::Error status_error(fva_status_t status) {
   return ffi::Error(error_code(status),
                     std::string(fva_status_string(status)) + ": " + fva_last_error());
@@ -85,6 +98,7 @@ ffi::Error Batch::of(const Operand& shape_from, const std::vector<const Operand*
   out->count_ = 1;
   for (int64_t n : out->lead_) out->count_ *= n;
   for (const Operand* op : all) {
+    if (op == nullptr) continue;  // an optional operand left out (o_hp)
     const size_t op_lead = op->dims.size() - op->base_rank;
     bool ok = op_lead == lead;
     for (size_t i = 0; ok && i < lead; ++i) ok = op->dims[i] == out->lead_[i] || op->dims[i] == 1;
@@ -118,18 +132,58 @@ fva_tensor_t Batch::slice(const Operand& op, int64_t n) const {
   return t;
 }
 
-ffi::Error run_batched(const Exec& ex, const Batch& batch, size_t bytes,
-                       const std::function<fva_status_t(int64_t, void*, size_t)>& call) {
-  void* ws = nullptr;
-  if (bytes > 0) {
-    ws = ex.workspace(bytes);
-    if (ws == nullptr)
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "fvattn: could not allocate " + std::to_string(bytes) + " bytes of workspace");
+size_t Batch::slice_bytes(const Operand& op) {
+  size_t n = op.esize;
+  for (size_t i = op.dims.size() - op.base_rank; i < op.dims.size(); ++i) n *= static_cast<size_t>(op.dims[i]);
+  return n;
+}
+
+ffi::Error run_batched(const Exec& ex, const Batch& batch, const std::vector<const Operand*>& ops,
+                       size_t bytes, const BatchedCall& call) {
+  constexpr size_t kAlign = 256;
+  const auto round_up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  // Which operands need staging: any whose slices can start off a 16-byte boundary.
+  std::vector<size_t> stage_offset(ops.size(), SIZE_MAX);
+  size_t total = round_up(bytes);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Operand* op = ops[i];
+    if (op == nullptr) continue;
+    const size_t sb = Batch::slice_bytes(*op);
+    const bool misaligned = reinterpret_cast<uintptr_t>(op->data) % 16 != 0 ||
+                            (batch.count() > 1 && sb % 16 != 0);
+    if (!misaligned) continue;
+    stage_offset[i] = total;
+    total += round_up(sb);
   }
+  char* base = nullptr;
+  if (total > 0) {
+    base = static_cast<char*>(ex.workspace(total));
+    if (base == nullptr)
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "fvattn: could not allocate " + std::to_string(total) + " bytes of workspace");
+  }
+  void* ws = bytes > 0 ? base : nullptr;
+  std::vector<fva_tensor_t> slices(ops.size());
+  std::vector<const fva_tensor_t*> ptrs(ops.size(), nullptr);
   for (int64_t n = 0; n < batch.count(); ++n) {
-    const fva_status_t st = call(n, ws, bytes);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] == nullptr) continue;
+      slices[i] = batch.slice(*ops[i], n);
+      if (stage_offset[i] != SIZE_MAX) {
+        char* staged = base + stage_offset[i];
+        if (!ops[i]->is_output && !ex.copy(staged, slices[i].data, Batch::slice_bytes(*ops[i])))
+          return ffi::Error::Internal(std::string("fvattn: staging copy of ") + ops[i]->name + " failed");
+        slices[i].data = staged;
+      }
+      ptrs[i] = &slices[i];
+    }
+    const fva_status_t st = call(ptrs, ws, bytes);
     if (st != FVA_OK) return status_error(st);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] == nullptr || !ops[i]->is_output || stage_offset[i] == SIZE_MAX) continue;
+      if (!ex.copy(batch.slice(*ops[i], n).data, slices[i].data, Batch::slice_bytes(*ops[i])))
+        return ffi::Error::Internal(std::string("fvattn: staging copy of ") + ops[i]->name + " failed");
+    }
   }
   return ffi::Error::Success();
 }

@@ -28,6 +28,8 @@ struct Exec {
   void* stream = nullptr;
   // Returns `bytes` of workspace of the handle's kind, or nullptr if it cannot.
   std::function<void*(size_t bytes)> workspace;
+  // Copies bytes between two buffers of the handle's kind, in stream order; false on failure.
+  std::function<bool(void* dst, const void* src, size_t bytes)> copy;
 };
 
 // The process-wide CPU handle, and one CUDA handle per device ordinal (created on first use; a
@@ -46,10 +48,15 @@ struct Operand {
   int32_t dtype = 0;
   size_t esize = 0;
   int base_rank = 0;
+  bool is_output = false;
   std::vector<int64_t> dims;
 };
 
 ffi::Error make_operand(const char* name, const ffi::AnyBuffer& b, int base_rank, Operand* out);
+inline ffi::Error make_output(const char* name, const ffi::AnyBuffer& b, int base_rank, Operand* out) {
+  out->is_output = true;
+  return make_operand(name, b, base_rank, out);
+}
 
 // The batch the leading dimensions describe: the loop runs the library once per element, each
 // operand's slice found from its own leading dims (size 1: the same slice for every element).
@@ -60,15 +67,23 @@ class Batch {
   int64_t count() const { return count_; }
   // The rank-base_rank descriptor of op's slice for batch element n (contiguous row-major).
   fva_tensor_t slice(const Operand& op, int64_t n) const;
+  // Bytes of one slice of op.
+  static size_t slice_bytes(const Operand& op);
 
  private:
   std::vector<int64_t> lead_;
   int64_t count_ = 1;
 };
 
-// Runs `call(n, ws, ws_bytes)` for every batch element with one workspace of `bytes` (reused: on a
+// Runs `call(tensors, ws, ws_bytes)` once per batch element, `tensors` holding the slices of `ops`
+// in order (an op that is nullptr gives a NULL pointer), with one workspace of `bytes` (reused: on a
 // stream the calls are ordered, on the CPU they run one after another).
-ffi::Error run_batched(const Exec& ex, const Batch& batch, size_t bytes,
-                       const std::function<fva_status_t(int64_t, void*, size_t)>& call);
+// A slice that is not 16-byte aligned (vmap's slices of small tensors, e.g. block_sizes [N, 3]
+// int32) is staged through an aligned copy: inputs copied in before the call, outputs copied out
+// after it, since the library requires 16-byte aligned data.
+using BatchedCall =
+    std::function<fva_status_t(const std::vector<const fva_tensor_t*>& t, void* ws, size_t ws_bytes)>;
+ffi::Error run_batched(const Exec& ex, const Batch& batch, const std::vector<const Operand*>& ops,
+                       size_t bytes, const BatchedCall& call);
 
 }  // namespace fvattn_jax

@@ -2,6 +2,7 @@
 // workspace) and "CUDA" (the GPU backend on XLA's stream, workspace from XLA's scratch allocator).
 #pragma once
 
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -24,8 +25,16 @@ ffi::Error on_cpu(Body&& body) {
     const auto p = reinterpret_cast<uintptr_t>(buffer.get());
     return buffer.get() + ((kAlign - p % kAlign) % kAlign);
   };
+  ex.copy = [](void* dst, const void* src, size_t bytes) {
+    std::memcpy(dst, src, bytes);
+    return true;
+  };
   return body(ex);
 }
+
+// Device-to-device copy on `stream` through the CUDA driver's cuMemcpyAsync (opened with dlopen:
+// the driver is already loaded in any process XLA runs CUDA in, and nothing here links CUDA).
+bool cuda_copy_async(void* dst, const void* src, size_t bytes, void* stream);
 
 // Runs body(exec) on the CUDA device XLA runs this computation on, on XLA's stream, with workspace
 // from XLA's scratch allocator (released when the handler returns; XLA orders that after the
@@ -40,6 +49,9 @@ ffi::Error on_cuda(void* stream, ffi::ScratchAllocator& scratch, int32_t device,
   ex.workspace = [&scratch](size_t bytes) -> void* {
     auto p = scratch.Allocate(bytes, 256);
     return p.has_value() ? *p : nullptr;
+  };
+  ex.copy = [stream](void* dst, const void* src, size_t bytes) {
+    return cuda_copy_async(dst, src, bytes, stream);
   };
   return body(ex);
 }

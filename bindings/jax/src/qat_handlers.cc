@@ -36,25 +36,18 @@ ffi::Error forward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, float 
   FVATTN_JAX_TRY(make_operand("q", q, 4, &oq));
   FVATTN_JAX_TRY(make_operand("k", k, 4, &ok));
   FVATTN_JAX_TRY(make_operand("v", v, 4, &ov));
-  FVATTN_JAX_TRY(make_operand("o", *o, 4, &oo));
-  FVATTN_JAX_TRY(make_operand("lse", *lse, 3, &ol));
-  std::vector<const Operand*> all{&oq, &ok, &ov, &oo, &ol};
-  if (o_hp) {
-    FVATTN_JAX_TRY(make_operand("o_hp", **o_hp, 4, &ohp));
-    all.push_back(&ohp);
-  }
+  FVATTN_JAX_TRY(make_output("o", *o, 4, &oo));
+  FVATTN_JAX_TRY(make_output("lse", *lse, 3, &ol));
+  if (o_hp) FVATTN_JAX_TRY(make_output("o_hp", **o_hp, 4, &ohp));
+  const std::vector<const Operand*> ops{&oq, &ok, &ov, &oo, o_hp ? &ohp : nullptr, &ol};
   Batch batch;
-  FVATTN_JAX_TRY(Batch::of(oo, all, &batch));
-  fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0);
+  FVATTN_JAX_TRY(Batch::of(oo, ops, &batch));
+  const fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0);
   size_t bytes = 0;
   const fva_status_t st = fva_qat_forward_workspace_size(ex.handle, &cfg, &tq, &tk, &tv, &bytes);
   if (st != FVA_OK) return status_error(st);
-  return run_batched(ex, batch, bytes, [&](int64_t n, void* ws, size_t ws_bytes) {
-    const fva_tensor_t sq = batch.slice(oq, n), sk = batch.slice(ok, n), sv = batch.slice(ov, n),
-                       so = batch.slice(oo, n), shp = o_hp ? batch.slice(ohp, n) : fva_tensor_t{},
-                       sl = batch.slice(ol, n);
-    return fva_qat_forward(ex.handle, &cfg, &sq, &sk, &sv, &so, o_hp ? &shp : nullptr, &sl, ws,
-                           ws_bytes, ex.stream);
+  return run_batched(ex, batch, ops, bytes, [&](const auto& t, void* ws, size_t ws_bytes) {
+    return fva_qat_forward(ex.handle, &cfg, t[0], t[1], t[2], t[3], t[4], t[5], ws, ws_bytes, ex.stream);
   });
 }
 
@@ -80,21 +73,19 @@ ffi::Error qat_backward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, A
   FVATTN_JAX_TRY(make_operand("o_for_bwd", o_for_bwd, 4, &oob));
   FVATTN_JAX_TRY(make_operand("lse", lse, 3, &ol));
   FVATTN_JAX_TRY(make_operand("dout", dout, 4, &odo));
-  FVATTN_JAX_TRY(make_operand("dq", *dq, 4, &odq));
-  FVATTN_JAX_TRY(make_operand("dk", *dk, 4, &odk));
-  FVATTN_JAX_TRY(make_operand("dv", *dv, 4, &odv));
+  FVATTN_JAX_TRY(make_output("dq", *dq, 4, &odq));
+  FVATTN_JAX_TRY(make_output("dk", *dk, 4, &odk));
+  FVATTN_JAX_TRY(make_output("dv", *dv, 4, &odv));
+  const std::vector<const Operand*> ops{&oq, &ok, &ov, &oob, &ol, &odo, &odq, &odk, &odv};
   Batch batch;
-  FVATTN_JAX_TRY(Batch::of(odq, {&oq, &ok, &ov, &oob, &ol, &odo, &odq, &odk, &odv}, &batch));
-  fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0);
+  FVATTN_JAX_TRY(Batch::of(odq, ops, &batch));
+  const fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0);
   size_t bytes = 0;
   const fva_status_t st = fva_qat_backward_workspace_size(ex.handle, &cfg, &tq, &tk, &tv, &bytes);
   if (st != FVA_OK) return status_error(st);
-  return run_batched(ex, batch, bytes, [&](int64_t n, void* ws, size_t ws_bytes) {
-    const fva_tensor_t sq = batch.slice(oq, n), sk = batch.slice(ok, n), sv = batch.slice(ov, n),
-                       sob = batch.slice(oob, n), sl = batch.slice(ol, n), sdo = batch.slice(odo, n),
-                       sdq = batch.slice(odq, n), sdk = batch.slice(odk, n), sdv = batch.slice(odv, n);
-    return fva_qat_backward(ex.handle, &cfg, &sq, &sk, &sv, &sob, &sl, &sdo, &sdq, &sdk, &sdv, ws,
-                            ws_bytes, ex.stream);
+  return run_batched(ex, batch, ops, bytes, [&](const auto& t, void* ws, size_t ws_bytes) {
+    return fva_qat_backward(ex.handle, &cfg, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8],
+                            ws, ws_bytes, ex.stream);
   });
 }
 
@@ -105,12 +96,12 @@ ffi::Error nvfp4_fake_quantize(const Exec& ex, AnyBuffer x, int32_t scale_mode, 
   cfg.tile_tokens = tile_tokens;
   Operand ox, oy;
   FVATTN_JAX_TRY(make_operand("x", x, 4, &ox));
-  FVATTN_JAX_TRY(make_operand("y", *y, 4, &oy));
+  FVATTN_JAX_TRY(make_output("y", *y, 4, &oy));
+  const std::vector<const Operand*> ops{&ox, &oy};
   Batch batch;
-  FVATTN_JAX_TRY(Batch::of(oy, {&ox, &oy}, &batch));
-  return run_batched(ex, batch, 0, [&](int64_t n, void*, size_t) {
-    const fva_tensor_t sx = batch.slice(ox, n), sy = batch.slice(oy, n);
-    return fva_nvfp4_fake_quantize(ex.handle, &cfg, &sx, &sy, ex.stream);
+  FVATTN_JAX_TRY(Batch::of(oy, ops, &batch));
+  return run_batched(ex, batch, ops, 0, [&](const auto& t, void*, size_t) {
+    return fva_nvfp4_fake_quantize(ex.handle, &cfg, t[0], t[1], ex.stream);
   });
 }
 

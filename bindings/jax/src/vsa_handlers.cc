@@ -29,21 +29,19 @@ ffi::Error vsa_forward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, An
   FVATTN_JAX_TRY(make_operand("q2k_idx", q2k_idx, 4, &oi));
   FVATTN_JAX_TRY(make_operand("q2k_num", q2k_num, 3, &on));
   FVATTN_JAX_TRY(make_operand("block_sizes", block_sizes, 1, &obs));
-  FVATTN_JAX_TRY(make_operand("o", *o, 4, &oo));
-  FVATTN_JAX_TRY(make_operand("lse", *lse, 3, &ol));
+  FVATTN_JAX_TRY(make_output("o", *o, 4, &oo));
+  FVATTN_JAX_TRY(make_output("lse", *lse, 3, &ol));
+  const std::vector<const Operand*> ops{&oq, &ok, &ov, &oi, &on, &obs, &oo, &ol};
   Batch batch;
-  FVATTN_JAX_TRY(Batch::of(oo, {&oq, &ok, &ov, &oi, &on, &obs, &oo, &ol}, &batch));
-  fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0),
-               ti = batch.slice(oi, 0);
+  FVATTN_JAX_TRY(Batch::of(oo, ops, &batch));
+  const fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0),
+                     ti = batch.slice(oi, 0);
   size_t bytes = 0;
   const fva_status_t st = fva_vsa_forward_workspace_size(ex.handle, &cfg, &tq, &tk, &tv, &ti, &bytes);
   if (st != FVA_OK) return status_error(st);
-  return run_batched(ex, batch, bytes, [&](int64_t n, void* ws, size_t ws_bytes) {
-    const fva_tensor_t sq = batch.slice(oq, n), sk = batch.slice(ok, n), sv = batch.slice(ov, n),
-                       si = batch.slice(oi, n), sn = batch.slice(on, n), sbs = batch.slice(obs, n),
-                       so = batch.slice(oo, n), sl = batch.slice(ol, n);
-    return fva_vsa_forward(ex.handle, &cfg, &sq, &sk, &sv, &si, &sn, &sbs, &so, &sl, ws, ws_bytes,
-                           ex.stream);
+  return run_batched(ex, batch, ops, bytes, [&](const auto& t, void* ws, size_t ws_bytes) {
+    return fva_vsa_forward(ex.handle, &cfg, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ws,
+                           ws_bytes, ex.stream);
   });
 }
 
@@ -62,24 +60,20 @@ ffi::Error vsa_backward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, A
   FVATTN_JAX_TRY(make_operand("q2k_idx", q2k_idx, 4, &oi));
   FVATTN_JAX_TRY(make_operand("q2k_num", q2k_num, 3, &on));
   FVATTN_JAX_TRY(make_operand("block_sizes", block_sizes, 1, &obs));
-  FVATTN_JAX_TRY(make_operand("dq", *dq, 4, &odq));
-  FVATTN_JAX_TRY(make_operand("dk", *dk, 4, &odk));
-  FVATTN_JAX_TRY(make_operand("dv", *dv, 4, &odv));
+  FVATTN_JAX_TRY(make_output("dq", *dq, 4, &odq));
+  FVATTN_JAX_TRY(make_output("dk", *dk, 4, &odk));
+  FVATTN_JAX_TRY(make_output("dv", *dv, 4, &odv));
+  const std::vector<const Operand*> ops{&oq, &ok, &ov, &oo, &ol, &odo, &oi, &on, &obs, &odq, &odk, &odv};
   Batch batch;
-  FVATTN_JAX_TRY(Batch::of(odq, {&oq, &ok, &ov, &oo, &ol, &odo, &oi, &on, &obs, &odq, &odk, &odv},
-                           &batch));
-  fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0),
-               ti = batch.slice(oi, 0);
+  FVATTN_JAX_TRY(Batch::of(odq, ops, &batch));
+  const fva_tensor_t tq = batch.slice(oq, 0), tk = batch.slice(ok, 0), tv = batch.slice(ov, 0),
+                     ti = batch.slice(oi, 0);
   size_t bytes = 0;
   const fva_status_t st = fva_vsa_backward_workspace_size(ex.handle, &cfg, &tq, &tk, &tv, &ti, &bytes);
   if (st != FVA_OK) return status_error(st);
-  return run_batched(ex, batch, bytes, [&](int64_t n, void* ws, size_t ws_bytes) {
-    const fva_tensor_t sq = batch.slice(oq, n), sk = batch.slice(ok, n), sv = batch.slice(ov, n),
-                       so = batch.slice(oo, n), sl = batch.slice(ol, n), sdo = batch.slice(odo, n),
-                       si = batch.slice(oi, n), sn = batch.slice(on, n), sbs = batch.slice(obs, n),
-                       sdq = batch.slice(odq, n), sdk = batch.slice(odk, n), sdv = batch.slice(odv, n);
-    return fva_vsa_backward(ex.handle, &cfg, &sq, &sk, &sv, &so, &sl, &sdo, &si, &sn, &sbs, &sdq,
-                            &sdk, &sdv, ws, ws_bytes, ex.stream);
+  return run_batched(ex, batch, ops, bytes, [&](const auto& t, void* ws, size_t ws_bytes) {
+    return fva_vsa_backward(ex.handle, &cfg, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8],
+                            t[9], t[10], t[11], ws, ws_bytes, ex.stream);
   });
 }
 
@@ -88,18 +82,17 @@ ffi::Error vsa_invert_indices(const Exec& ex, AnyBuffer q2k_idx, AnyBuffer q2k_n
   Operand oi, on, oki, okn;
   FVATTN_JAX_TRY(make_operand("q2k_idx", q2k_idx, 4, &oi));
   FVATTN_JAX_TRY(make_operand("q2k_num", q2k_num, 3, &on));
-  FVATTN_JAX_TRY(make_operand("k2q_idx", *k2q_idx, 4, &oki));
-  FVATTN_JAX_TRY(make_operand("k2q_num", *k2q_num, 3, &okn));
+  FVATTN_JAX_TRY(make_output("k2q_idx", *k2q_idx, 4, &oki));
+  FVATTN_JAX_TRY(make_output("k2q_num", *k2q_num, 3, &okn));
+  const std::vector<const Operand*> ops{&oi, &on, &oki, &okn};
   Batch batch;
-  FVATTN_JAX_TRY(Batch::of(oki, {&oi, &on, &oki, &okn}, &batch));
-  fva_tensor_t ti = batch.slice(oi, 0), tki = batch.slice(oki, 0);
+  FVATTN_JAX_TRY(Batch::of(oki, ops, &batch));
+  const fva_tensor_t ti = batch.slice(oi, 0), tki = batch.slice(oki, 0);
   size_t bytes = 0;
   const fva_status_t st = fva_vsa_invert_indices_workspace_size(ex.handle, &ti, &tki, &bytes);
   if (st != FVA_OK) return status_error(st);
-  return run_batched(ex, batch, bytes, [&](int64_t n, void* ws, size_t ws_bytes) {
-    const fva_tensor_t si = batch.slice(oi, n), sn = batch.slice(on, n), ski = batch.slice(oki, n),
-                       skn = batch.slice(okn, n);
-    return fva_vsa_invert_indices(ex.handle, &si, &sn, &ski, &skn, ws, ws_bytes, ex.stream);
+  return run_batched(ex, batch, ops, bytes, [&](const auto& t, void* ws, size_t ws_bytes) {
+    return fva_vsa_invert_indices(ex.handle, t[0], t[1], t[2], t[3], ws, ws_bytes, ex.stream);
   });
 }
 
