@@ -35,6 +35,6 @@ for name in ("numpy", "ml_dtypes", "pytest", "cffi", "torch", "jax", "cupy"):
         print(f"{name}: not available ({type(e).__name__}: {e})")
 PY
 cd "$root/bindings/python"
-suites=(tests/test_numpy_ops.py tests/test_errors.py tests/test_golden.py tests/test_jax.py tests/device)
+suites=(tests/test_numpy_ops.py tests/test_errors.py tests/test_golden.py tests/test_jax.py tests/test_readme.py tests/device)
 python3 -c "import cffi" 2>/dev/null && suites+=(tests/test_cffi.py)
 exec python3 -m pytest -q -p no:cacheprovider -rs "${suites[@]}"
