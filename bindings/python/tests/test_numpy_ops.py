@@ -115,3 +115,25 @@ def test_f16_and_bf16_outputs_keep_the_input_dtype(rng):
         o, _, _ = fvattn.qat_attention_forward(q, q, q, PLAIN)
         assert o.dtype == dtype
         assert o.ctypes.data % 16 == 0
+
+
+class HostDlpack:
+    """A minimal array of some other framework: host memory, exposed through DLPack only."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_other_host_dlpack_producers_are_read_without_a_copy(rng):
+    q, k, v = (rng.standard_normal((1, 2, 64, 32)).astype(np.float16) for _ in range(3))
+    o, _, lse = fvattn.qat_attention_forward(HostDlpack(q), HostDlpack(k), HostDlpack(v), PLAIN)
+    # This module has no from_dlpack, so the results come back as NumPy arrays.
+    o_np, _, lse_np = fvattn.qat_attention_forward(q, k, v, PLAIN)
+    np.testing.assert_array_equal(o, o_np)
+    np.testing.assert_array_equal(lse, lse_np)
