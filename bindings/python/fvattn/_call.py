@@ -39,7 +39,9 @@ class Call:
                 f"{first_name}: {_describe_kind(first)} is not an array fvattn can take (numpy, "
                 "torch, CuPy or __cuda_array_interface__ objects, JAX arrays, or host __dlpack__ "
                 "objects)")
-        self.kind = kind(inputs[first_name])
+        # The kind is read off the converted array (a CuPy view of a foreign CUDA array), except for
+        # host DLPack producers, whose own module hands the outputs back.
+        self.kind = kind(inputs[first_name] if kind is fw.DlpackCpuKind else first)
         self.arrays = dict(items)
         for name, a in items:
             if not self.kind.same_device(a):
