@@ -1,0 +1,36 @@
+"""One library handle per backend and device, created on first use and kept for the process (a
+handle may be shared by threads, fvattn.h says, and creating one queries the device)."""
+import ctypes
+import threading
+
+from . import _capi
+
+_lock = threading.Lock()
+_handles = {}
+
+
+def get(backend, device=-1):
+    """The handle for ("cpu", -1) or ("cuda", ordinal); raises fvattn.Error (e.g.
+    FVA_ERR_NO_DEVICE with the reason) when it cannot be created."""
+    key = (backend, device)
+    with _lock:
+        h = _handles.get(key)
+        if h is None:
+            lib = _capi.lib()
+            opts = _capi.HandleOptions(struct_size=ctypes.sizeof(_capi.HandleOptions),
+                                       backend=_capi.BACKEND_CPU if backend == "cpu" else _capi.BACKEND_CUDA,
+                                       device=device, deterministic=0)
+            out = ctypes.c_void_p()
+            _capi.check(lib.fva_create(ctypes.byref(out), ctypes.byref(opts)))
+            h = _handles[key] = out
+        return h
+
+
+def info(backend="cpu", device=-1):
+    """fva_get_info of that handle, as a dict."""
+    i = _capi.HandleInfo(struct_size=ctypes.sizeof(_capi.HandleInfo))
+    _capi.check(_capi.lib().fva_get_info(get(backend, device), ctypes.byref(i)))
+    names = {_capi.BACKEND_CPU: "cpu", _capi.BACKEND_CUDA: "cuda"}
+    return {"backend": names.get(i.backend, str(i.backend)), "device": i.device,
+            "sm": (i.sm_major, i.sm_minor), "sm_count": i.sm_count,
+            "image": i.image.decode(), "device_name": i.device_name.decode()}

@@ -1,0 +1,87 @@
+"""QatConfig and VsaConfig: Python mirrors of fva_qat_config_t and fva_vsa_config_t.
+
+Defaults are the C initializers' (FVA_QAT_CONFIG_INIT: FastVideo's production preset). Values are
+passed to the library as they are, so a value out of range is reported by the library's own check
+(e.g. "cfg->p_scale is 5 but must be ..."), as fvattn.Error.
+"""
+import dataclasses
+from typing import Optional, Union
+
+from . import _capi
+from ._errors import invalid_argument
+
+_SCALES = {"block": _capi.SCALE_BLOCK, "tile": _capi.SCALE_TILE, "row": _capi.SCALE_ROW}
+
+
+def _scale_code(name, value):
+    if isinstance(value, str):
+        if value not in _SCALES:
+            raise invalid_argument(f"cfg->{name} is {value!r} but must be one of {sorted(_SCALES)}")
+        return _SCALES[value]
+    return int(value)
+
+
+def _scale(value):
+    return 0.0 if value is None else float(value)
+
+
+@dataclasses.dataclass
+class QatConfig:
+    """QAT attention configuration (fva_qat_config_t; FastVideo's flag names in brackets).
+
+    softmax_scale:          None (or 0) for 1/sqrt(D)
+    causal:                 query i sees keys j <= i
+    quantize:               [IS_QAT] NVFP4 fake quantization of Q, K, V and P; False: plain attention
+    smooth_k:               subtract K's per-channel mean over (B, H, Skv) first
+    qkv_scale:              "block" or "tile" [use_global_sf_QKV]
+    p_scale:                "block", "tile" [use_global_sf_P] or "row" [two_level_quant_P]
+    quantize_p_backward:    [fake_quant_P] dV uses quantized P
+    high_precision_o:       [use_high_prec_o] the forward also returns o_hp, the backward uses it
+    quantized_qkv_backward: [use_qat_qkv_backward] the backward uses fake-quantized q, k, v
+    """
+    softmax_scale: Optional[float] = None
+    causal: bool = False
+    quantize: bool = True
+    smooth_k: bool = False
+    qkv_scale: Union[str, int] = "block"
+    p_scale: Union[str, int] = "block"
+    quantize_p_backward: bool = True
+    high_precision_o: bool = True
+    quantized_qkv_backward: bool = True
+
+    def to_c(self):
+        return _capi.QatConfigC(
+            struct_size=_capi.ctypes.sizeof(_capi.QatConfigC),
+            softmax_scale=_scale(self.softmax_scale), causal=int(self.causal),
+            quantize=int(self.quantize), smooth_k=int(self.smooth_k),
+            qkv_scale=_scale_code("qkv_scale", self.qkv_scale),
+            p_scale=_scale_code("p_scale", self.p_scale),
+            quantize_p_backward=int(self.quantize_p_backward),
+            high_precision_o=int(self.high_precision_o),
+            quantized_qkv_backward=int(self.quantized_qkv_backward))
+
+
+@dataclasses.dataclass
+class VsaConfig:
+    """VSA configuration (fva_vsa_config_t): softmax_scale None (or 0) for 1/sqrt(D); block_size 64,
+    the only value the library supports."""
+    softmax_scale: Optional[float] = None
+    block_size: int = 64
+
+    def to_c(self):
+        return _capi.VsaConfigC(struct_size=_capi.ctypes.sizeof(_capi.VsaConfigC),
+                                softmax_scale=_scale(self.softmax_scale),
+                                block_size=int(self.block_size))
+
+
+@dataclasses.dataclass
+class Nvfp4Config:
+    """NVFP4 fake quantization on its own (fva_nvfp4_config_t): scale_mode "block" or "tile";
+    tile_tokens, the tokens sharing one second-level scale in tile mode."""
+    scale_mode: Union[str, int] = "block"
+    tile_tokens: int = 32
+
+    def to_c(self):
+        return _capi.Nvfp4ConfigC(struct_size=_capi.ctypes.sizeof(_capi.Nvfp4ConfigC),
+                                  scale_mode=_scale_code("scale_mode", self.scale_mode),
+                                  tile_tokens=int(self.tile_tokens))

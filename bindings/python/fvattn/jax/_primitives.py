@@ -1,0 +1,137 @@
+"""fvattn's operations as XLA FFI custom calls (jax.ffi.ffi_call), one per library call, for the
+"cpu" and "CUDA" platforms. The handlers live in libfvattn_jax.so (bindings/jax/), found through
+FVATTN_JAX_LIBRARY or the installed package. Arguments are checked at trace time (_checks.py).
+
+Under jax.vmap the calls use vmap_method="expand_dims": the handler gets the batch as leading
+dimensions (size 1 for an unbatched argument) and runs the library once per batch element.
+"""
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _capi, _library
+from ..config import QatConfig, VsaConfig
+from . import _checks
+
+# target name -> handler symbol prefix in libfvattn_jax.so (+ "Cpu" / "Cuda")
+_TARGETS = {
+    "fvattn_qat_forward": "FvattnQatForward",
+    "fvattn_qat_forward_hp": "FvattnQatForwardHp",
+    "fvattn_qat_backward": "FvattnQatBackward",
+    "fvattn_vsa_forward": "FvattnVsaForward",
+    "fvattn_vsa_backward": "FvattnVsaBackward",
+    "fvattn_vsa_invert_indices": "FvattnVsaInvertIndices",
+    "fvattn_nvfp4_fake_quantize": "FvattnNvfp4FakeQuantize",
+}
+_lock = threading.Lock()
+_registered = False
+
+
+def register():
+    """Registers every handler with XLA (once per process)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        lib, _ = _library.jax_handlers()
+        for target, symbol in _TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol + "Cpu")),
+                                        platform="cpu")
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol + "Cuda")),
+                                        platform="CUDA")
+        _registered = True
+
+
+def _call(target, results, *args, **attrs):
+    register()
+    return jax.ffi.ffi_call(target, results, vmap_method="expand_dims")(*args, **attrs)
+
+
+def _sds(shape, dtype):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def qat_config(config):
+    """The C config of a QatConfig (None: the defaults)."""
+    return (config if config is not None else QatConfig()).to_c()
+
+
+def vsa_config(config):
+    return (config if config is not None else VsaConfig()).to_c()
+
+
+def qat_attrs(cfg):
+    flags = np.array([cfg.causal, cfg.quantize, cfg.smooth_k, cfg.qkv_scale, cfg.p_scale,
+                      cfg.quantize_p_backward, cfg.high_precision_o, cfg.quantized_qkv_backward],
+                     dtype=np.int32)
+    return {"softmax_scale": np.float32(cfg.softmax_scale), "flags": flags}
+
+
+def vsa_attrs(cfg):
+    return {"softmax_scale": np.float32(cfg.softmax_scale), "block_size": np.int32(cfg.block_size)}
+
+
+def qat_forward_c(q, k, v, cfg):
+    """(o, o_hp or None, lse) for a C config."""
+    _checks.check_qat(q, k, v, cfg)
+    o, lse = _sds(q.shape, q.dtype), _sds(q.shape[:3], jnp.float32)
+    if cfg.high_precision_o:
+        return tuple(_call("fvattn_qat_forward_hp", (o, o, lse), q, k, v, **qat_attrs(cfg)))
+    o, lse = _call("fvattn_qat_forward", (o, lse), q, k, v, **qat_attrs(cfg))
+    return o, None, lse
+
+
+def qat_backward_c(q, k, v, o_for_bwd, lse, dout, cfg):
+    _checks.check_qat_backward(q, k, v, o_for_bwd, lse, dout, cfg)
+    outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
+    return tuple(_call("fvattn_qat_backward", outs, q, k, v, o_for_bwd, lse, dout, **qat_attrs(cfg)))
+
+
+def vsa_forward_c(q, k, v, q2k_idx, q2k_num, block_sizes, cfg):
+    _checks.check_vsa(q, k, v, q2k_idx, q2k_num, block_sizes, cfg)
+    outs = (_sds(q.shape, q.dtype), _sds(q.shape[:3], jnp.float32))
+    return tuple(_call("fvattn_vsa_forward", outs, q, k, v, q2k_idx, q2k_num, block_sizes,
+                       **vsa_attrs(cfg)))
+
+
+def vsa_backward_c(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, cfg):
+    _checks.check_vsa(q, k, v, q2k_idx, q2k_num, block_sizes, cfg, o=o, lse=lse, dout=dout)
+    outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
+    return tuple(_call("fvattn_vsa_backward", outs, q, k, v, o, lse, dout, q2k_idx, q2k_num,
+                       block_sizes, **vsa_attrs(cfg)))
+
+
+# ---- the fvattn.ops entry points for JAX arrays (configs as dataclasses) -------------------------
+
+
+def qat_forward(q, k, v, config=None):
+    return qat_forward_c(q, k, v, qat_config(config))
+
+
+def qat_backward(q, k, v, o_for_bwd, lse, dout, config=None):
+    return qat_backward_c(q, k, v, o_for_bwd, lse, dout, qat_config(config))
+
+
+def vsa_forward(q, k, v, q2k_idx, q2k_num, block_sizes, config=None):
+    return vsa_forward_c(q, k, v, q2k_idx, q2k_num, block_sizes, vsa_config(config))
+
+
+def vsa_backward(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, config=None):
+    return vsa_backward_c(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, vsa_config(config))
+
+
+def vsa_invert_indices(q2k_idx, q2k_num, num_kv_blocks):
+    _checks.check_invert(q2k_idx, q2k_num, num_kv_blocks)
+    B, H, nq = q2k_idx.shape[:3]
+    outs = (_sds((B, H, int(num_kv_blocks), nq), jnp.int32), _sds((B, H, int(num_kv_blocks)), jnp.int32))
+    return tuple(_call("fvattn_vsa_invert_indices", outs, q2k_idx, q2k_num))
+
+
+def nvfp4_fake_quantize(x, config=None):
+    from ..config import Nvfp4Config
+    cfg = (config if config is not None else Nvfp4Config()).to_c()
+    _checks.dtype_code("x", x.dtype)
+    return _call("fvattn_nvfp4_fake_quantize", _sds(x.shape, x.dtype), x,
+                 scale_mode=np.int32(cfg.scale_mode), tile_tokens=np.int32(cfg.tile_tokens))
