@@ -104,28 +104,28 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
     }
     cp_async_commit();
 
-    // S = Q Kᵀ for this warp's 16 rows and the tile's 64 keys.
-    float s[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, sq.a_operand(warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, sk[buf].b_operand(np * 16, kk * 16, lane));
-        mma_16816<T>(s[2 * np], a, bk[0], bk[1]);
-        mma_16816<T>(s[2 * np + 1], a, bk[2], bk[3]);
-      }
-    }
-
     const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
 #pragma unroll
     for (int sub = 0; sub < kSubTiles; ++sub) {
+      // S = Q Kᵀ for this warp's 16 rows and the sub-tile's keys, computed per sub-tile so that
+      // only one sub-tile of scores is live at a time (registers: QAT keeps two accumulators).
+      float s_sub[kNT][4];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_sub[j][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, sq.a_operand(warp * 16, kk * 16, lane));
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, sk[buf].b_operand(sub * kSub + np * 16, kk * 16, lane));
+          mma_16816<T>(s_sub[2 * np], a, bk[0], bk[1]);
+          mma_16816<T>(s_sub[2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
       // Mask, then the running max of each of the thread's two rows.
       float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
@@ -134,7 +134,7 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
         for (int e = 0; e < 4; ++e) {
           const int slot = (sub * kNT + j) * 8 + 2 * t + (e & 1);
           const int row = row_base + 8 * (e >> 1);
-          float& x = s[sub * kNT + j][e];
+          float& x = s_sub[j][e];
           if (!sched.visible(row, k0 + slot, slot, n_valid)) x = Schedule::kMaskedLogit;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
@@ -154,7 +154,7 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
       for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          pr[j][e] = exp2f(__fmul_rn(s[sub * kNT + j][e], p.scale_log2) - m_use[e >> 1]);
+          pr[j][e] = exp2f(__fmul_rn(s_sub[j][e], p.scale_log2) - m_use[e >> 1]);
 
       // l: the quantized path sums p rounded to the dtype (FastVideo's QAT kernel), the plain
       // path and VSA the fp32 p.

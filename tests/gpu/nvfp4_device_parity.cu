@@ -71,6 +71,18 @@ int main() {
   std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
   std::uniform_int_distribution<int> expo(-30, 12);
   while (x.size() % 16 != 0 || x.size() < 65536 + (1 << 20)) x.push_back(std::ldexp(mant(rng), expo(rng)));
+  // A dense sweep of the ranges where the device's E4M3 (hardware conversion) and E2M1 (arithmetic)
+  // paths could differ from the host's: every 3rd fp32 pattern from 2^-12 to 512, then every
+  // multiple of 1/32 of each binade (all E4M3 and E2M1 grid points and midpoints) and the E2M1 ties.
+  for (uint32_t b = 0x39800000u; b <= 0x44000000u; b += 3) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
+  }
+  for (int e = -12; e <= 9; ++e)
+    for (int m = 0; m < 32; ++m) x.push_back(std::ldexp(1.0f + m / 32.0f, e));
+  for (float t : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f}) x.push_back(t);
+  while (x.size() % 16 != 0) x.push_back(0.0f);
   const int n = static_cast<int>(x.size());
 
   float* dx = nullptr;
