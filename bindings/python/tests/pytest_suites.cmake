@@ -9,7 +9,10 @@ set(_fva_env
   "FVATTN_HEADER=${PROJECT_SOURCE_DIR}/include/fvattn/fvattn.h"
   "FVATTN_CC=${CMAKE_C_COMPILER}"
   # The CPU backend's threads: CTest runs suites side by side on CI's two cores.
-  "FVATTN_NUM_THREADS=2")
+  "FVATTN_NUM_THREADS=2"
+  # These are the CPU suites: on a GPU machine JAX would otherwise default to its CUDA platform
+  # (bindings/gpu_tests.sh runs the device suites).
+  "JAX_PLATFORMS=cpu")
 if(TARGET fvattn_jax)
   list(APPEND _fva_env "FVATTN_JAX_LIBRARY=$<TARGET_FILE:fvattn_jax>")
 endif()
