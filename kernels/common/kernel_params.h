@@ -96,6 +96,7 @@ struct InvertParams {
 
 // Dynamic shared memory of the attention kernels (one formula for the host and the kernels).
 constexpr int forward_smem_bytes(int D) { return 5 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K[2], V[2], slots
+constexpr int forward_2warp_smem_bytes(int D) { return 3 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K, V, slots
 constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                     // Q, dO, K[2], V[2]
 // K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
 constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }

@@ -130,7 +130,8 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
-  l.smem = static_cast<size_t>(kern::forward_smem_bytes(static_cast<int>(p.D)));
+  l.block = 64;  // 2 warps x 32 rows (kernels/common/attention_forward.cuh)
+  l.smem = static_cast<size_t>(kern::forward_2warp_smem_bytes(static_cast<int>(p.D)));
   launch("vsa", fmt::format("fva_vsa_fwd_{}_d{}", dtype_suffix(q.dtype), p.D).c_str(), h.device, l,
          stream, a);
 }
