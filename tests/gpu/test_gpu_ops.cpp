@@ -401,10 +401,13 @@ void check_vsa_case(const VsaCase& c) {
   check_close("vsa dq", dq_g, dq_r, kTol);
   check_close("vsa dk", dk_g, dk_r, kTol);
   check_close("vsa dv", dv_g, dv_r, kTol);
-  // Exact zeros where the reference has them (kv blocks nobody selects, padding slots).
-  const std::vector<double> gk = dk_g.values(), rk = dk_r.values(), gv = dv_g.values(), rv = dv_r.values();
+  // Exact zeros for keys no query sees (kv blocks nobody selects, padding slots): there the
+  // reference's dV is exactly 0, and so must dK and dV be. (dK alone can be exactly 0 on the CPU
+  // and ~1e-8 on the GPU for a seen key: a row with one visible key has dS = dP - Delta, which
+  // cancels exactly only when Delta is summed in the CPU's order.)
+  const std::vector<double> gk = dk_g.values(), gv = dv_g.values(), rv = dv_r.values();
   int64_t nonzero = 0;
-  for (size_t i = 0; i < rk.size(); ++i) nonzero += (rk[i] == 0.0 && gk[i] != 0.0) + (rv[i] == 0.0 && gv[i] != 0.0);
+  for (size_t i = 0; i < rv.size(); ++i) nonzero += rv[i] == 0.0 && (gk[i] != 0.0 || gv[i] != 0.0);
   CHECK_MESSAGE(nonzero == 0, nonzero << " dK/dV elements are nonzero where the reference is exactly 0");
 
   // The inversion, exactly.
