@@ -132,7 +132,6 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
     }
 
     const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-    const bool full_tile = n_valid == 64 && sched.unmasked(q0 + warp * 16, k0 + 63);
     // dS in the accumulator layout, then as A operands (k = keys) of dQ += dS K.
     uint32_t a_ds[4][4];
 #pragma unroll
@@ -142,7 +141,7 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
       for (int e = 0; e < 4; ++e) {
         const int slot = j * 8 + 2 * t + (e & 1);
         const int r = e >> 1;
-        const bool vis = (full_tile || sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid)) &&
+        const bool vis = sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid) &&
                          lse[r] != -CUDART_INF_F;
         const float pv = vis ? exp2f(__fmul_rn(s[j][e], p.scale_log2) - lse[r]) : 0.0f;
         ds[e] = T::round(pv * (dp[j][e] - delta[r]));
@@ -305,9 +304,6 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
     }
 
     // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)).
-    // Every query of the tile real, every key of this warp real, none above the diagonal: no mask.
-    const bool full_tile = cur.row0 + 32 <= p.Sq && warp * 16 + 16 <= n_keys &&
-                           sched.unmasked(cur.row0, k0 + warp * 16 + 15);
     const float* lse_t = s_lse + buf * 32;
     const float* delta_t = s_delta + buf * 32;
     float pt[4][4];
@@ -320,9 +316,8 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
         const int col = j * 8 + 2 * t + (e & 1);
         const int key_slot = slot_base + 8 * (e >> 1);
         const float l = lse_t[col];
-        const bool vis = l != -CUDART_INF_F &&
-                         (full_tile || (cur.row0 + col < p.Sq &&
-                                        sched.visible(cur.row0 + col, k0 + key_slot, key_slot, n_keys)));
+        const bool vis = cur.row0 + col < p.Sq && l != -CUDART_INF_F &&
+                         sched.visible(cur.row0 + col, k0 + key_slot, key_slot, n_keys);
         pt[j][e] = vis ? exp2f(__fmul_rn(st[j][e], p.scale_log2) - l) : 0.0f;
         ds[e] = T::round(pt[j][e] * (dpt[j][e] - delta_t[col]));
       }

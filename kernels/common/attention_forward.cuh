@@ -133,8 +133,6 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
     cp_async_commit();
 
     const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-    // A tile with every key real and none above this warp's diagonal needs no per-element mask.
-    const bool full_tile = n_valid == kKeyTile && sched.unmasked(q0 + warp_row0, k0 + kKeyTile - 1);
 #pragma unroll
     for (int sub = 0; sub < kSubTiles; ++sub) {
       // S = Q Kᵀ for this warp's rows and the sub-tile's keys, per sub-tile so that only one
@@ -177,7 +175,7 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
             const int slot = (sub * kNT + j) * 8 + 2 * t + (e & 1);
             const int row = row_base + 8 * (e >> 1);
             float& x = s[mt][j][e];
-            if (!full_tile && !sched.visible(row, k0 + slot, slot, n_valid)) x = Schedule::kMaskedLogit;
+            if (!sched.visible(row, k0 + slot, slot, n_valid)) x = Schedule::kMaskedLogit;
             mx[e >> 1] = fmaxf(mx[e >> 1], x);
           }
         float m_use[2];

@@ -32,11 +32,6 @@ struct QatKeyTiles {
   __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
     return slot < n_valid && !(causal && key > row);
   }
-  // True when no (row >= row_lo, key <= key_hi) pair is masked by the diagonal: the kernels then
-  // skip the per-element mask of a full tile.
-  __device__ __forceinline__ bool unmasked(int row_lo, int key_hi) const {
-    return !causal || key_hi <= row_lo;
-  }
 };
 
 struct QatQueryTiles {
@@ -70,9 +65,6 @@ struct QatQueryTiles {
   __device__ __forceinline__ int output_rows() const { return valid_keys(); }
   __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
     return slot < n_valid && !(causal && key > row);
-  }
-  __device__ __forceinline__ bool unmasked(int row_lo, int key_hi) const {
-    return !causal || key_hi <= row_lo;
   }
 };
 

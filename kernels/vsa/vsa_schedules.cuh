@@ -48,7 +48,6 @@ struct VsaKeyTiles {
   __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
     return slot < n_valid;
   }
-  __device__ __forceinline__ bool unmasked(int, int) const { return true; }
 };
 
 struct VsaQueryTiles {
@@ -100,7 +99,6 @@ struct VsaQueryTiles {
   __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
     return slot < n_valid;
   }
-  __device__ __forceinline__ bool unmasked(int, int) const { return true; }
 };
 
 }  // namespace fva::dev
