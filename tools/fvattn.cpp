@@ -161,6 +161,17 @@ struct Row {
 
 // ---- info ---------------------------------------------------------------------------------------------
 
+// What the CUDA backend runs for an operation (kernels/, docs/ARCHITECTURE.md).
+const char* cuda_kernel_of(const char* op) {
+  const std::string o = op;
+  if (o == "qat_forward") return "qat: mma.sync, 64-row blocks (4 warps x 16), 64-key tiles";
+  if (o == "qat_backward") return "prep Delta + qat: dQ per 64 rows, dK/dV per 64 keys";
+  if (o == "vsa_forward") return "vsa: mma.sync, 64-row q blocks (2 warps x 32)";
+  if (o == "vsa_backward") return "vsa: k2q inverse, dQ per q block, dK/dV per kv block";
+  if (o == "vsa_invert_indices") return "vsa: count, scan, scatter, sort, emit";
+  return "prep: one warp per token tile";
+}
+
 int cmd_info() {
   fmt::print("fvattn {}.{}.{} (library {}, ABI {}; header ABI {})\n", FVA_VERSION_MAJOR,
              FVA_VERSION_MINOR, FVA_VERSION_PATCH, fva_version(), fva_abi_version(), FVA_ABI_VERSION);
@@ -207,10 +218,7 @@ int cmd_info() {
                "reference (src/cpu)");
     fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "", "CUDA", indices ? "int32" : "bf16, f16",
                indices ? "-" : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16" : "64, 128"),
-               std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "prep family (kernels/prep)"
-               : indices                                   ? "vsa family (kernels/vsa/vsa_invert.cu)"
-               : vsa ? "vsa family: mma.sync m16n8k16, 64x64 tiles"
-                     : "qat family: mma.sync m16n8k16, 64x64 tiles");
+               cuda_kernel_of(op));
   }
   return 0;
 }
