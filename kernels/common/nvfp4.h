@@ -43,10 +43,25 @@ struct Nvfp4Group {
   float reciprocal;  // r = 1 / (s * dec), from the rounded s
 };
 
+// amax / 6, as the correctly rounded division gives it wherever it can matter. On the device the
+// division becomes a product and one FMA correction (q0 = x * RN(1/6), q = q0 + (x - 6 q0) * RN(1/6)),
+// which equals the IEEE quotient for every float x >= 2^-125 (checked exhaustively on the host);
+// below that the quotient is subnormal and may differ by an ulp, but then amax / 6 * enc is below
+// 2^-86 (enc <= 2688 / 1e-8 < 2^38) and E4M3 rounds both to 0, so the group scale is the same.
+FVA_HD float nvfp4_div6(float x) {
+#if defined(__CUDA_ARCH__)
+  const float c = 1.0f / 6.0f;
+  const float q0 = x * c;
+  return fmaf(fmaf(-6.0f, q0, x), c, q0);
+#else
+  return x / 6.0f;
+#endif
+}
+
 // The group's scale from its amax. enc = dec = 1 in block mode.
 FVA_HD Nvfp4Group nvfp4_group(float amax, float enc, float dec) {
   Nvfp4Group g;
-  g.e4m3 = e4m3_round_magnitude(amax / 6.0f * enc);
+  g.e4m3 = e4m3_round_magnitude(nvfp4_div6(amax) * enc);
   g.dec = dec;
   const float sd = g.e4m3 * dec;
   g.reciprocal = sd > 0.0f ? 1.0f / sd : 0.0f;
