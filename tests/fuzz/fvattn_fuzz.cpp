@@ -164,7 +164,8 @@ struct Call {
   bool cfg_null = false;
   bool handle_null = false;
   int ws_ptr = 0;            // 0 the queried buffer, 1 NULL, 2 misaligned by 8 bytes
-  int ws_size = 0;           // 0 the queried size, 1 one byte less, 2 zero, 3 SIZE_MAX, 4 more
+  int ws_size = 0;           // 0 the queried size, 1 one byte less, 2 zero, 3 SIZE_MAX, 4 more,
+                             // 5 half
   size_t budget_null = 0;    // the argument passed as NULL when the work is over budget
   Dims dims;
 
@@ -240,7 +241,7 @@ void mutate(Call& c, ByteReader& in) {
         std::memcpy(c.cfg.data() + 4 * field, &v, 4);
       }
     } else if (target == c.args.size() + 1) {
-      const uint8_t kind = in.u8() % 6;
+      const uint8_t kind = in.u8() % 7;
       if (kind < 2) c.ws_ptr = 1 + kind;
       else c.ws_size = kind - 1;
     } else {
@@ -395,6 +396,7 @@ void run(const char* op, Call& c, ByteReader& in, const WorkFn& work, const Quer
     case 2: ws_bytes = 0; break;
     case 3: ws_bytes = SIZE_MAX; break;
     case 4: ws_bytes = need + in.u8(); break;
+    case 5: ws_bytes = need / 2; break;
   }
   const size_t ws_alloc = need <= kArenaCap ? std::min(need, ws_bytes) : 0;
   void* ws_mem = nullptr;
@@ -410,7 +412,7 @@ void run(const char* op, Call& c, ByteReader& in, const WorkFn& work, const Quer
   if (st != FVA_OK) {
     const int changed = arenas.first_changed(before, false);
     if (changed >= 0)
-      finding(fmt::format("{} failed ({}: {}) but changed the memory of {}", op, fva_status_string(st),
+      finding(fmt::format("{} failed ({}: {}) but changed the buffer of {}", op, fva_status_string(st),
                           fva_last_error(), c.args[static_cast<size_t>(changed)].name));
   } else {
     if (qst != FVA_OK)
@@ -419,7 +421,7 @@ void run(const char* op, Call& c, ByteReader& in, const WorkFn& work, const Quer
       finding(fmt::format("{} succeeded with {} = NULL", op, c.args[c.budget_null].name));
     const int changed = arenas.first_changed(before, true);
     if (changed >= 0)
-      finding(fmt::format("{} wrote into the input {}", op, c.args[static_cast<size_t>(changed)].name));
+      finding(fmt::format("{} wrote into the buffer of input {}", op, c.args[static_cast<size_t>(changed)].name));
   }
 }
 

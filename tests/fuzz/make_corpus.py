@@ -95,7 +95,7 @@ seeds = {
     "handles_struct_sizes": [HANDLES, 0, 0, 0, 1, 9, 1, 4, 0],
     "misc": [MISC] + list(struct.pack("<i", -7)),
     # Mutations: an overflowing stride, a misaligned k, a pointer near 2^64, o aliasing q, a bad
-    # config struct_size, too small a workspace, a NULL handle.
+    # config struct_size, too small (or half) a workspace, a misaligned one, a NULL handle.
     "mut_qat_stride_overflow": qat(QAT_FWD, D_pick=1, Sq=16, Skv=16,
                                    muts=[tensor_mut(0, 1, 3, 26)]),
     "mut_qat_misaligned_k": qat(QAT_FWD, D_pick=1, Sq=16, Skv=16, muts=[tensor_mut(1, 0, 7, 3)]),
@@ -103,6 +103,8 @@ seeds = {
     "mut_qat_o_aliases_q": qat(QAT_FWD, D_pick=1, Sq=16, Skv=16, muts=[tensor_mut(3, 0, 9, 0, 0)]),
     "mut_qat_cfg_struct_size": qat(QAT_FWD, Sq=4, Skv=4, muts=[[6, 1, 9]]),
     "mut_vsa_workspace_small": vsa(VSA_BWD, nqb=1, nkv=1, max_k=1, muts=[[13, 2]], meta=[0, 0, 0]),
+    "mut_qat_workspace_half": qat(QAT_BWD, D_pick=1, Sq=16, Skv=16, cfg=PROD, muts=[[10, 6]]),
+    "mut_qat_workspace_misaligned": qat(QAT_FWD, D_pick=1, Sq=16, Skv=16, cfg=PROD, muts=[[7, 1]]),
     "mut_invert_null_handle": invert(nqb=2, nkv=2, max_k=2, muts=[[6]]),
     "mut_nvfp4_huge_broadcast": nvfp4(D_pick=0, S=4, muts=[tensor_mut(0, 2, 2, 19),
                                                           tensor_mut(0, 2, 3, 0)]),
