@@ -5,6 +5,7 @@ few calls with a mutation applied. The input format is the one fvattn_fuzz.cpp r
 to back, zeros once the input runs out, zero meaning the plain valid choice. Re-run after changing
 that format:  python3 tests/fuzz/make_corpus.py
 """
+import base64
 import os
 import struct
 
@@ -111,6 +112,15 @@ seeds = {
     "sequence": (qat(QAT_FWD, D_pick=1, Sq=9, Skv=9) + nvfp4(S=3) + [HANDLES, 0, 0, 0, 0, 0, 0]
                  + vsa(VSA_FWD, meta=[0, 0, 0])),
 }
+
+# Inputs that found bugs, kept as regression seeds (libFuzzer's crash files, base64).
+REGRESSIONS = {
+    # checks.cpp: a tensor whose largest offset is exactly INT64_MAX overflowed computing its size.
+    "regress_offset_int64_max":
+        "//////////8EPQADAQMAHgEAACcAIJoAAAAAJwAgmgB11RAAAAAAAAAANgA2/MJGAAAAAQABAxoBAMc=",
+}
+for name, b64 in REGRESSIONS.items():
+    seeds[name] = list(base64.b64decode(b64))
 
 os.makedirs(OUT, exist_ok=True)
 for old in os.listdir(OUT):
