@@ -3,7 +3,9 @@
 # (tools/device/prepare_deps.sh makes it). One call does everything the GPU can check today:
 #   1. builds the library, tools and tests with the CUDA images (sm_90a, sm_100a, sm_120);
 #   2. runs every test (the GPU ones included: NVFP4 parity, the CUDA backend frame);
-#   3. runs the GPU parity test under compute-sanitizer (memcheck, racecheck);
+#   3. runs the GPU parity test under compute-sanitizer (memcheck, racecheck), and memcheck over the
+#      tests that run on every backend: wild VSA metadata (test_index_robustness) and one handle
+#      shared by eight threads (test_thread_safety);
 #   4. lists the SASS images in the CUDA binary with cuobjdump (sm_100a/sm_120 must be there too);
 #   5. a probe of FastVideo's tile-mode divisions against the golden fakes (tile_division_probe.cu);
 #   6. `fvattn info` and `fvattn demo` (the demo runs the CPU backend until CUDA kernels exist);
@@ -32,6 +34,8 @@ step build cmake --build build-device -j 16
 step ctest ctest --test-dir build-device --output-on-failure -j 8
 step sanitizer-memcheck compute-sanitizer --tool memcheck --error-exitcode 1 build-device/tests/nvfp4_device_parity
 step sanitizer-racecheck compute-sanitizer --tool racecheck --error-exitcode 1 build-device/tests/nvfp4_device_parity
+step memcheck-index compute-sanitizer --tool memcheck --error-exitcode 1 build-device/tests/test_index_robustness
+step memcheck-threads compute-sanitizer --tool memcheck --error-exitcode 1 build-device/tests/test_thread_safety
 step sass-images bash -c "cuobjdump --list-elf build-device/tests/nvfp4_device_parity | tee /dev/stderr | grep -c -E 'sm_(90a|100a|120)' | grep -qx 3 && echo 'SASS for sm_90a, sm_100a, sm_120'"
 step tile-division-probe bash -c "nvcc -std=c++17 -O2 -arch=sm_90a -Ikernels -o build-device/tile_division_probe tools/device/tile_division_probe.cu && build-device/tile_division_probe tests/golden/qat/default_self_256"
 step fvattn-info build-device/tools/fvattn info
