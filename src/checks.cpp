@@ -164,9 +164,11 @@ void check_tensor(const char* name, const fva_tensor_t* t, int rank, DtypeMask a
       fail(FVA_ERR_INVALID_ARGUMENT, "{}: shape {} with strides {} overflows 64-bit offsets", name,
            shape_string(t), strides_string(t));
   }
-  int64_t bytes;
+  // off + 1 elements: off may be INT64_MAX itself (found by fvattn_fuzz), so the + 1 is checked too.
+  int64_t count, bytes;
   uintptr_t end;
-  if (__builtin_mul_overflow(off + 1, static_cast<int64_t>(dtype_size(t->dtype)), &bytes) ||
+  if (__builtin_add_overflow(off, 1, &count) ||
+      __builtin_mul_overflow(count, static_cast<int64_t>(dtype_size(t->dtype)), &bytes) ||
       __builtin_add_overflow(reinterpret_cast<uintptr_t>(t->data), static_cast<uintptr_t>(bytes),
                              &end))
     fail(FVA_ERR_INVALID_ARGUMENT, "{}: shape {} with strides {} overflows 64-bit offsets", name,

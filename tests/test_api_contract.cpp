@@ -97,7 +97,7 @@ struct Expect {
 };
 
 void check_failure(fva_status_t got, const Expect& e, const Snapshot& outputs) {
-  CHECK_MESSAGE(got == e.status, "status ", fva_status_string(got), ", last error: ", fva_last_error());
+  CHECK_MESSAGE(got == e.status, "status ", std::string(fva_status_string(got)), ", last error: ", std::string(fva_last_error()));
   const std::string msg = fva_last_error();
   CHECK_MESSAGE(msg.find(e.message) != std::string::npos, "message \"", msg,
                 "\" lacks \"", e.message, "\"");
@@ -189,6 +189,8 @@ TEST_CASE("QAT forward: bad inputs return their status and message and write not
        {FVA_ERR_INVALID_ARGUMENT, "overflows 64-bit offsets"}},
       {"byte offsets overflow", [](QatFwd& f) { f.tq.strides[1] = int64_t{1} << 62; },
        {FVA_ERR_INVALID_ARGUMENT, "q: shape [1, 2, 32, 16] with strides [1024, 4611686018427387904, 16, 1] overflows 64-bit offsets"}},
+      {"largest offset exactly INT64_MAX", [](QatFwd& f) { f.tq.strides[1] = std::numeric_limits<int64_t>::max() - 511; },
+       {FVA_ERR_INVALID_ARGUMENT, "q: shape [1, 2, 32, 16] with strides [1024, 9223372036854775296, 16, 1] overflows 64-bit offsets"}},
       {"absurd broadcast input", [](QatFwd& f) { f.tk.shape[2] = f.tv.shape[2] = int64_t{1} << 60; f.tk.strides[2] = f.tv.strides[2] = 0; },
        {FVA_ERR_UNSUPPORTED, "k: shape [1, 1, 1152921504606846976, 16] has more than 2^56 elements"}},
       {"misaligned data", [](QatFwd& f) { f.tv.data = static_cast<char*>(f.tv.data) + 2; },
@@ -325,7 +327,7 @@ TEST_CASE("QAT backward: bad inputs") {
       c.mutate(f);
       const Snapshot before = f.outputs();
       if (c.expect.status == FVA_OK) {
-        CHECK_MESSAGE(f.call() == FVA_OK, fva_last_error());
+        CHECK_MESSAGE(f.call() == FVA_OK, std::string(fva_last_error()));
         CHECK_FALSE(before.unchanged());
       } else {
         check_failure(f.call(), c.expect, before);
@@ -347,7 +349,7 @@ TEST_CASE("packed outputs: dq, dk, dv interleaved in one [B, S, 3, H, D] buffer 
     t.strides[2] = 3 * H * D;
     t.strides[3] = 1;
   }
-  CHECK_MESSAGE(f.call() == FVA_OK, fva_last_error());
+  CHECK_MESSAGE(f.call() == FVA_OK, std::string(fva_last_error()));
   // Moving dk onto dq's slot of the packed buffer makes them share memory: now rejected.
   f.tdk.data = f.tdq.data;
   CHECK(f.call() == FVA_ERR_INVALID_ARGUMENT);
@@ -475,9 +477,9 @@ TEST_CASE("VSA: valid calls succeed; q2k_idx entries out of range are skipped, n
   auto* pi = reinterpret_cast<int32_t*>(f.idx.block.get());
   pi[1] = 1000;  // out of range: skipped
   pi[3] = -5;
-  CHECK_MESSAGE(f.forward() == FVA_OK, fva_last_error());
-  CHECK_MESSAGE(f.backward() == FVA_OK, fva_last_error());
-  CHECK_MESSAGE(f.invert() == FVA_OK, fva_last_error());
+  CHECK_MESSAGE(f.forward() == FVA_OK, std::string(fva_last_error()));
+  CHECK_MESSAGE(f.backward() == FVA_OK, std::string(fva_last_error()));
+  CHECK_MESSAGE(f.invert() == FVA_OK, std::string(fva_last_error()));
   const auto* lse = reinterpret_cast<const float*>(f.lse.block.get());
   for (int i = 0; i < Vsa::B * Vsa::H * Vsa::NQ * 64; ++i) CHECK(std::isfinite(lse[i]));
 }

@@ -262,7 +262,17 @@ typedef struct fva_vsa_config {
  *   block_sizes int32 [num_kv_blocks]: real tokens of each kv block (they fill its first slots; values
  *     are clamped to [0, 64]).
  * A q block with no visible key gets o = 0 and lse = -inf. Index tensors are not read on the host by
- * the CUDA backend. Statuses as for QAT. cfg NULL means FVA_VSA_CONFIG_INIT. */
+ * the CUDA backend. Statuses as for QAT. cfg NULL means FVA_VSA_CONFIG_INIT.
+ *
+ * The contents of q2k_idx, q2k_num and block_sizes are not checked (a GPU backend could only read
+ * them after synchronizing), so every backend accepts any values there and never reads or writes
+ * out of bounds because of them:
+ *   - an entry outside [0, num_kv_blocks) is skipped: the result is exactly that of the list without it;
+ *   - q2k_num is clamped to [0, max_k]: a negative count reads no entry, one above max_k reads max_k;
+ *   - block_sizes are clamped to [0, 64]: a negative size is an empty block, one above 64 a full block;
+ *   - a kv block listed more than once is attended once per listing (its keys count again in the
+ *     softmax and in the gradients) and appears once in the k2q inverse.
+ * The same rules hold for fva_vsa_invert_indices. */
 
 FVA_API fva_status_t fva_vsa_forward_workspace_size(fva_handle_t h, const fva_vsa_config_t* cfg,
                                                     const fva_tensor_t* q, const fva_tensor_t* k,

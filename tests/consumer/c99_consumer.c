@@ -1,6 +1,8 @@
 /* A C99 client of the installed fvattn: compiled with -std=c99 -Wall -Wextra -Werror -pedantic
  * against the installed header and library. It checks that the header is plain C, that the *_INIT
- * initializers work, and that a small QAT forward runs on the CPU backend and reports errors. */
+ * initializers work, and that small QAT forward/backward, VSA forward/backward, index inversion and
+ * NVFP4 calls run on the CPU backend and report errors. valgrind runs it too (valgrind_consumer.sh),
+ * so it touches every kind of entry point once. */
 #include <fvattn/fvattn.h>
 
 #include <math.h>
@@ -48,6 +50,128 @@ static void* align64(void* p) { return (void*)(((uintptr_t)p + 63u) & ~(uintptr_
 
 static uint16_t *q, *k, *v, *o, *o_hp;
 static float* lse;
+
+/* Host memory for one call, 64-byte aligned, freed in one go. */
+static void* blocks[32];
+static int nblocks = 0;
+static void* block(size_t bytes, int fill) {
+  void* raw = malloc(bytes + 64);
+  if (!raw || nblocks == 32) abort();
+  blocks[nblocks++] = raw;
+  memset(align64(raw), fill, bytes);
+  return align64(raw);
+}
+static void free_blocks(void) {
+  while (nblocks > 0) free(blocks[--nblocks]);
+}
+
+static fva_tensor_t i32_tensor(void* data, int rank, const int64_t* shape) {
+  fva_tensor_t t;
+  int64_t stride = 1;
+  int d;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = FVA_DTYPE_I32;
+  t.rank = rank;
+  for (d = rank - 1; d >= 0; --d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = stride;
+    stride *= shape[d];
+  }
+  return t;
+}
+
+/* QAT backward from the forward's o_hp and lse: finite gradients. */
+static int qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const fva_tensor_t* tq,
+                        const fva_tensor_t* tk, const fva_tensor_t* tv, const fva_tensor_t* to_hp,
+                        const fva_tensor_t* tlse) {
+  const size_t n = (size_t)B * H * S * D;
+  fva_tensor_t tdo = bhsd(block(n * 2, 0), FVA_DTYPE_BF16), tdq = bhsd(block(n * 2, 0xff), FVA_DTYPE_BF16);
+  fva_tensor_t tdk = bhsd(block(n * 2, 0xff), FVA_DTYPE_BF16), tdv = bhsd(block(n * 2, 0xff), FVA_DTYPE_BF16);
+  size_t bytes = 0, i;
+  int bad = 0;
+  uint16_t* dout = (uint16_t*)tdo.data;
+  for (i = 0; i < n; ++i) dout[i] = bf16_bits((float)((i * 5) % 9) / 8.0f - 0.5f);
+  if (fva_qat_backward_workspace_size(h, cfg, tq, tk, tv, &bytes) != FVA_OK ||
+      fva_qat_backward(h, cfg, tq, tk, tv, to_hp, tlse, &tdo, &tdq, &tdk, &tdv,
+                       bytes ? block(bytes, 0) : NULL, bytes, NULL) != FVA_OK) {
+    fprintf(stderr, "qat backward: %s\n", fva_last_error());
+    bad = 1;
+  }
+  for (i = 0; i < n && !bad; ++i)
+    if (!isfinite(bf16_value(((uint16_t*)tdq.data)[i])) || !isfinite(bf16_value(((uint16_t*)tdk.data)[i])) ||
+        !isfinite(bf16_value(((uint16_t*)tdv.data)[i])))
+      bad = 1;
+  free_blocks();
+  if (bad) fprintf(stderr, "qat backward: failed or non-finite gradients\n");
+  return bad;
+}
+
+/* VSA forward and backward over 2 q blocks and 2 kv blocks (D = 64), with an out-of-range index
+ * and a ragged last block, then the index inversion. */
+static int vsa_calls(fva_handle_t h) {
+  enum { VS = 128, VD = 64, NB = 2, MAXK = 2 };
+  const size_t n = (size_t)VS * VD;
+  const int64_t idx_shape[4] = {1, 1, NB, MAXK}, num_shape[3] = {1, 1, NB}, sizes_shape[1] = {NB};
+  const int64_t k2q_shape[4] = {1, 1, NB, NB}, k2q_num_shape[3] = {1, 1, NB};
+  fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
+  fva_tensor_t t[8], tl, ti, tn, ts, tki, tkn;
+  int32_t *idx, *num, *sizes;
+  size_t bytes = 0, i;
+  int j, bad = 0;
+  for (j = 0; j < 8; ++j) {
+    uint16_t* p = (uint16_t*)block(n * 2, 0xff);
+    memset(&t[j], 0, sizeof t[j]);
+    t[j].data = p;
+    t[j].dtype = FVA_DTYPE_BF16;
+    t[j].rank = 4;
+    t[j].shape[0] = 1; t[j].shape[1] = 1; t[j].shape[2] = VS; t[j].shape[3] = VD;
+    t[j].strides[0] = VS * VD; t[j].strides[1] = VS * VD; t[j].strides[2] = VD; t[j].strides[3] = 1;
+    if (j < 3 || j == 4) /* q, k, v, dout */
+      for (i = 0; i < n; ++i) p[i] = bf16_bits((float)((i * (3 + j)) % 11) / 8.0f - 0.625f);
+  }
+  memset(&tl, 0, sizeof tl);
+  tl.data = block(VS * 4, 0xff);
+  tl.dtype = FVA_DTYPE_F32;
+  tl.rank = 3;
+  tl.shape[0] = 1; tl.shape[1] = 1; tl.shape[2] = VS;
+  tl.strides[0] = VS; tl.strides[1] = VS; tl.strides[2] = 1;
+  ti = i32_tensor(block(NB * MAXK * 4, 0), 4, idx_shape);
+  tn = i32_tensor(block(NB * 4, 0), 3, num_shape);
+  ts = i32_tensor(block(NB * 4, 0), 1, sizes_shape);
+  tki = i32_tensor(block(NB * NB * 4, 0xff), 4, k2q_shape);
+  tkn = i32_tensor(block(NB * 4, 0xff), 3, k2q_num_shape);
+  idx = (int32_t*)ti.data; num = (int32_t*)tn.data; sizes = (int32_t*)ts.data;
+  idx[0] = 0; idx[1] = 1; num[0] = 2;   /* q block 0 sees kv blocks 0 and 1 */
+  idx[2] = 1; idx[3] = 99; num[1] = 2;  /* q block 1: kv block 1, and 99 (out of range: skipped) */
+  sizes[0] = 64; sizes[1] = 40;
+
+  /* t: q k v o dout dq dk dv */
+  if (fva_vsa_forward_workspace_size(h, &vcfg, &t[0], &t[1], &t[2], &ti, &bytes) != FVA_OK ||
+      fva_vsa_forward(h, &vcfg, &t[0], &t[1], &t[2], &ti, &tn, &ts, &t[3], &tl,
+                      bytes ? block(bytes, 0) : NULL, bytes, NULL) != FVA_OK ||
+      fva_vsa_backward_workspace_size(h, &vcfg, &t[0], &t[1], &t[2], &ti, &bytes) != FVA_OK ||
+      fva_vsa_backward(h, &vcfg, &t[0], &t[1], &t[2], &t[3], &tl, &t[4], &ti, &tn, &ts, &t[5],
+                       &t[6], &t[7], bytes ? block(bytes, 0) : NULL, bytes, NULL) != FVA_OK ||
+      fva_vsa_invert_indices_workspace_size(h, &ti, &tki, &bytes) != FVA_OK ||
+      fva_vsa_invert_indices(h, &ti, &tn, &tki, &tkn, bytes ? block(bytes, 0) : NULL, bytes, NULL) !=
+          FVA_OK) {
+    fprintf(stderr, "vsa: %s\n", fva_last_error());
+    bad = 1;
+  }
+  for (i = 0; i < n && !bad; ++i)
+    for (j = 3; j < 8; ++j)
+      if (j != 4 && !isfinite(bf16_value(((uint16_t*)t[j].data)[i]))) bad = 1;
+  /* k2q: kv block 0 <- q block 0; kv block 1 <- q blocks 0, 1. */
+  if (!bad) {
+    const int32_t* ki = (const int32_t*)tki.data;
+    const int32_t* kn = (const int32_t*)tkn.data;
+    if (kn[0] != 1 || kn[1] != 2 || ki[0] != 0 || ki[1] != -1 || ki[2] != 0 || ki[3] != 1) bad = 1;
+  }
+  free_blocks();
+  if (bad) fprintf(stderr, "vsa: failed or wrong results\n");
+  return bad;
+}
 
 int main(void) {
   fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
@@ -118,6 +242,13 @@ int main(void) {
   EXPECT(fva_qat_forward(h, &cfg, &tq, &tk, &tv, &to, &to_hp, &tlse, ws, ws_bytes, NULL) ==
          FVA_ERR_INVALID_ARGUMENT);
   EXPECT(strncmp(fva_last_error(), "v: shape[2]", 11) == 0);
+
+  tv.shape[2] = S;
+
+  failures += qat_backward(h, &cfg, &tq, &tk, &tv, &to_hp, &tlse);
+  failures += vsa_calls(h);
+  /* NVFP4 fake quantization in place. */
+  EXPECT(fva_nvfp4_fake_quantize(h, NULL, &tq, &tq, NULL) == FVA_OK);
 
   free(ws_mem);
   free(arena);

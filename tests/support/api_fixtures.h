@@ -5,6 +5,7 @@
 #include <fvattn/fvattn.h>
 
 #include <cstring>
+#include <string>
 
 #include "support/host_tensor.h"
 
@@ -17,7 +18,7 @@ struct CpuHandle {
     fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
     o.backend = FVA_BACKEND_CPU;
     const fva_status_t st = fva_create(&h, &o);
-    REQUIRE_MESSAGE(st == FVA_OK, "fva_create(CPU): " << fva_status_string(st) << ": " << fva_last_error());
+    REQUIRE_MESSAGE(st == FVA_OK, "fva_create(CPU): " << std::string(fva_status_string(st)) << ": " << std::string(fva_last_error()));
   }
   ~CpuHandle() { fva_destroy(h); }
   CpuHandle(const CpuHandle&) = delete;
@@ -38,5 +39,5 @@ inline AlignedBuffer workspace(size_t bytes) {
 #define REQUIRE_OK(call)                                                                          \
   do {                                                                                            \
     const fva_status_t st_ = (call);                                                              \
-    REQUIRE_MESSAGE(st_ == FVA_OK, #call << " -> " << fva_status_string(st_) << ": " << fva_last_error()); \
+    REQUIRE_MESSAGE(st_ == FVA_OK, #call << " -> " << std::string(fva_status_string(st_)) << ": " << std::string(fva_last_error())); \
   } while (0)
