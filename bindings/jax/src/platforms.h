@@ -47,7 +47,9 @@ ffi::Error on_cuda(void* stream, ffi::ScratchAllocator& scratch, int32_t device,
   if (!err.success()) return err;
   ex.stream = stream;
   ex.workspace = [&scratch](size_t bytes) -> void* {
-    auto p = scratch.Allocate(bytes, 256);
+    // 64: XLA's FFI allocator refuses alignments above its allocator's (64 bytes); the library
+    // needs 16.
+    auto p = scratch.Allocate(bytes, 64);
     return p.has_value() ? *p : nullptr;
   };
   ex.copy = [stream](void* dst, const void* src, size_t bytes) {

@@ -54,7 +54,9 @@ def test_qat_on_cuda_matches_the_cpu_backend(kwargs):
     base = [torch.randn(1, 2, 256, 128, generator=gen).to(torch.bfloat16) for _ in range(4)]
     results = {}
     for device in ("cpu", "cuda"):
-        q, k, v = (x.to(device).requires_grad_() for x in base[:3])
+        # detach: on the CPU .to() returns the tensor itself, which must not become a graph node
+        # the CUDA copies then hang off (their .grad would stay None).
+        q, k, v = (x.detach().to(device).requires_grad_() for x in base[:3])
         o = on_device(ft.attention, q, k, v, False, 128 ** -0.5, **kwargs)
         o.backward(base[3].to(device))
         results[device] = [t64(x) for x in (o, q.grad, k.grad, v.grad)]
@@ -91,7 +93,10 @@ def test_vsa_against_masked_sdpa(device):
 def test_ops_run_on_the_callers_current_stream():
     q = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
     cfg = fvattn.QatConfig(quantize=False, high_precision_o=False)
-    o_ref, _, _ = on_device(fvattn.qat_attention_forward, q.cpu(), q.cpu(), q.cpu(), cfg)
+    # The reference: the same call on the default stream (the CUDA backend is deterministic, so
+    # the two must agree bit for bit; the CPU backend sums in another order).
+    o_ref, _, _ = on_device(fvattn.qat_attention_forward, q, q, q, cfg)
+    torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
