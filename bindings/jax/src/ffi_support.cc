@@ -56,6 +56,29 @@ bool cuda_copy_async(void* dst, const void* src, size_t bytes, void* stream) {
   return fn != nullptr && fn(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), bytes, stream) == 0;
 }
 
+namespace {
+void* cuda_symbol(const char* name) {
+  static void* lib = [] {
+    void* l = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return l ? l : dlopen("libcuda.so.1", RTLD_NOW);
+  }();
+  return lib ? dlsym(lib, name) : nullptr;
+}
+}  // namespace
+
+void* cuda_alloc_async(size_t bytes, void* stream) {
+  using AllocAsync = int (*)(uintptr_t*, size_t, void*);  // CUresult(CUdeviceptr*, size_t, CUstream)
+  static const AllocAsync fn = reinterpret_cast<AllocAsync>(cuda_symbol("cuMemAllocAsync"));
+  uintptr_t p = 0;
+  return fn != nullptr && fn(&p, bytes, stream) == 0 ? reinterpret_cast<void*>(p) : nullptr;
+}
+
+void cuda_free_async(void* p, void* stream) {
+  using FreeAsync = int (*)(uintptr_t, void*);  // CUresult(CUdeviceptr, CUstream)
+  static const FreeAsync fn = reinterpret_cast<FreeAsync>(cuda_symbol("cuMemFreeAsync"));
+  if (fn != nullptr && p != nullptr) fn(reinterpret_cast<uintptr_t>(p), stream);
+}
+
 ffi::Error status_error(fva_status_t status) {
   return ffi::Error(error_code(status),
                     std::string(fva_status_string(status)) + ": " + fva_last_error());

@@ -36,6 +36,11 @@ ffi::Error on_cpu(Body&& body) {
 // the driver is already loaded in any process XLA runs CUDA in, and nothing here links CUDA).
 bool cuda_copy_async(void* dst, const void* src, size_t bytes, void* stream);
 
+// Stream-ordered device memory (cuMemAllocAsync / cuMemFreeAsync through the driver): valid for the
+// work queued on `stream` between the two calls, and legal inside CUDA-graph capture.
+void* cuda_alloc_async(size_t bytes, void* stream);
+void cuda_free_async(void* p, void* stream);
+
 // Runs body(exec) on the CUDA device XLA runs this computation on, on XLA's stream, with workspace
 // from XLA's scratch allocator (released when the handler returns; XLA orders that after the
 // stream's work, like any of its temporary buffers).
@@ -46,16 +51,24 @@ ffi::Error on_cuda(void* stream, ffi::ScratchAllocator& scratch, int32_t device,
   ex.handle = cuda_handle(device, &err);
   if (!err.success()) return err;
   ex.stream = stream;
-  ex.workspace = [&scratch](size_t bytes) -> void* {
+  // XLA's scratch allocator first; where it has none to give (seen on an H200 with jax 0.7: every
+  // request refused), stream-ordered driver memory, freed on the same stream once the op's work is
+  // queued.
+  void* owned = nullptr;
+  ex.workspace = [&scratch, &owned, stream](size_t bytes) -> void* {
     // 64: XLA's FFI allocator refuses alignments above its allocator's (64 bytes); the library
     // needs 16.
     auto p = scratch.Allocate(bytes, 64);
-    return p.has_value() ? *p : nullptr;
+    if (p.has_value() && *p != nullptr) return *p;
+    owned = cuda_alloc_async(bytes, stream);
+    return owned;
   };
   ex.copy = [stream](void* dst, const void* src, size_t bytes) {
     return cuda_copy_async(dst, src, bytes, stream);
   };
-  return body(ex);
+  ffi::Error result = body(ex);
+  cuda_free_async(owned, stream);
+  return result;
 }
 
 // The binding's context part per platform; the op's own binding (arguments, attributes, results)
