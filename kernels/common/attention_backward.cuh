@@ -213,7 +213,9 @@ __device__ __forceinline__ void pair_max_columns(float (&mine)[8], float* slots,
   ++use;
 }
 
-template <typename T, int D, typename Schedule>
+// kBlockP: dV's FQ_P uses block scales (known at compile time: no second-level code); otherwise
+// p.p_scale decides at run time.
+template <typename T, int D, typename Schedule, bool kBlockP = false>
 __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionParams& p, char* smem) {
   using KTile = SmemTile<64, D>;
   using QTile = SmemTile<32, D>;
@@ -329,7 +331,9 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
     // or P itself.
     if (Schedule::kMayQuantizeP && p.quantize_p) {
       float second_amax[8];  // per column (row mode) or all equal (tile mode)
-      if (p.p_scale == 2) {
+      if (kBlockP) {
+        // block scales: no second level
+      } else if (p.p_scale == 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -352,8 +356,9 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
         for (int c = 0; c < 2; ++c) {
           float x[2] = {pt[j][c], pt[j][2 + c]};
           const float amax = column_max(fmaxf(nvfp4_amax_step(0.0f, x[0]), nvfp4_amax_step(0.0f, x[1])));
-          const SecondLevel second =
-              p.p_scale == 0 ? SecondLevel{} : SecondLevel::of(second_amax[2 * j + c]);
+          const SecondLevel second = kBlockP || p.p_scale == 0
+                                         ? SecondLevel{}
+                                         : SecondLevel::of(second_amax[2 * j + c]);
           fake_quantize_values(x, amax, second);
           pt[j][c] = x[0];
           pt[j][2 + c] = x[1];

@@ -49,7 +49,10 @@ __device__ __forceinline__ void stage_rows(const SmemTile<64, D>& tile, const fl
 
 // kWarps = 4: 16 rows per warp, double-buffered K/V. kWarps = 2: 32 rows per warp (two m16 tiles),
 // single-buffered K/V (needs one softmax sub-tile per key tile and no quantization).
-template <typename T, int D, typename Schedule, bool kQuantizeP, int kWarps>
+// kBlockP: P's NVFP4 scales are block scales (FastVideo's production setting), known at compile
+// time, so the second-level (tile/row) code and its registers are left out; otherwise p.p_scale
+// picks block, tile or row at run time.
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kWarps, bool kBlockP = false>
 __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p, char* smem) {
   using Tile = SmemTile<64, D>;
   using E = typename T::Storage;
@@ -215,7 +218,9 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
         }
         if constexpr (kQuantizeP) {
           SecondLevel second[2];
-          if (p.p_scale == 2) {  // row: rowmax of p over the sub-tile's real keys
+          if (kBlockP) {
+            // block scales: enc = dec = 1
+          } else if (p.p_scale == 2) {  // row: rowmax of p over the sub-tile's real keys
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               float rmax = 0.0f;

@@ -184,8 +184,9 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   l.grid_x = blocks_for(p.Sq, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
   l.smem = static_cast<size_t>(kern::forward_smem_bytes(static_cast<int>(p.D)));
-  const std::string name =
-      fmt::format("fva_qat_fwd_{}_d{}_q{}", dtype_suffix(q.dtype), p.D, quantize ? 1 : 0);
+  // Block P scales (the production preset) have their own, leaner kernel.
+  const char* variant = !quantize ? "q0" : p.cfg.p_scale == FVA_SCALE_BLOCK ? "q1b" : "q1";
+  const std::string name = fmt::format("fva_qat_fwd_{}_d{}_{}", dtype_suffix(q.dtype), p.D, variant);
   launch("qat", name.c_str(), h.device, l, stream, a);
 }
 
@@ -222,7 +223,9 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   l.grid_x = blocks_for(p.Skv, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));
-  launch("qat", fmt::format("fva_qat_bwd_dkdv_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+  const bool block_p = a.quantize_p == 0 || p.cfg.p_scale == FVA_SCALE_BLOCK;
+  launch("qat", fmt::format("fva_qat_bwd_dkdv_{}_d{}{}", sfx, p.D, block_p ? "_b" : "").c_str(),
+         h.device, l, stream, a);
 }
 
 void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const fva_tensor_t& x,
