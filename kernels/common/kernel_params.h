@@ -52,7 +52,7 @@ struct AttentionParams {
   float scale_log2;      // scale * log2(e), rounded once to fp32 as the CPU reference does
   int32_t causal;        // QAT
   int32_t p_scale;       // QAT: FVA_SCALE_BLOCK / TILE / ROW for P
-  int32_t quantize_p;    // QAT forward: quantize P; backward: dV from FQ_P(P)
+  int32_t quantize_p;    // QAT backward: dV from FQ_P(P) (the forward's is a template parameter)
   VsaLists vsa;
 };
 

@@ -7,6 +7,7 @@
 
 #include "common/kernel_params.h"
 #include "cpu/workspace.h"
+#include "error.h"
 #include "fvattn/fvattn.h"
 
 namespace fva::cuda {
@@ -43,6 +44,12 @@ class WorkspaceCarver {
 
 inline unsigned blocks_for(int64_t items, int64_t per_block) {
   return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
+
+// The kernels are instantiated for bf16 and fp16 only (FVA_ERR_UNSUPPORTED otherwise).
+inline void require_kernel_dtype(int32_t dtype, const char* arg) {
+  if (dtype != FVA_DTYPE_BF16 && dtype != FVA_DTYPE_F16)
+    fail(FVA_ERR_UNSUPPORTED, "{}: the CUDA backend runs bf16 and f16 only", arg);
 }
 
 inline const char* dtype_suffix(int32_t dtype) { return dtype == FVA_DTYPE_F16 ? "f16" : "bf16"; }

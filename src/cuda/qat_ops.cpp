@@ -144,8 +144,7 @@ void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
          "q: head dim {} is not supported by the CUDA backend (its kernels cover D = 64 and 128); "
          "the CPU backend (FVA_BACKEND_CPU, host pointers) runs D = 16, 32, 64, 128 and 256",
          p.D);
-  if (dtype != FVA_DTYPE_BF16 && dtype != FVA_DTYPE_F16)
-    fail(FVA_ERR_UNSUPPORTED, "q: the CUDA backend runs bf16 and f16 only");
+  require_kernel_dtype(dtype, "q");
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (p.Sq > kMaxInt - 64 || p.Skv > kMaxInt - 64)
     fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 - 65 are not supported by the CUDA backend");
@@ -179,7 +178,6 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   a.o = tensor4(o);
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
   a.lse = tensor3(lse);
-  a.quantize_p = quantize ? 1 : 0;
   Launch l;
   l.grid_x = blocks_for(p.Sq, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
@@ -230,8 +228,7 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
 
 void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const fva_tensor_t& x,
                          const fva_tensor_t& y, void* stream) {
-  if (x.dtype != FVA_DTYPE_BF16 && x.dtype != FVA_DTYPE_F16)
-    fail(FVA_ERR_UNSUPPORTED, "x: the CUDA backend runs bf16 and f16 only");
+  require_kernel_dtype(x.dtype, "x");
   if (x.shape[0] * x.shape[1] > std::numeric_limits<int32_t>::max() ||
       x.shape[2] > std::numeric_limits<int32_t>::max() - 64)
     fail(FVA_ERR_UNSUPPORTED, "x: too large for the CUDA backend's 32-bit token indexing");

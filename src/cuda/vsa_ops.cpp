@@ -108,8 +108,7 @@ void require_vsa_support(const cpu::VsaProblem& p, int32_t dtype) {
          "q: head dim {} is not supported by the CUDA backend (D = 64 and 128); the CPU backend "
          "(FVA_BACKEND_CPU, host pointers) runs it",
          p.D);
-  if (dtype != FVA_DTYPE_BF16 && dtype != FVA_DTYPE_F16)
-    fail(FVA_ERR_UNSUPPORTED, "q: the CUDA backend runs bf16 and f16 only");
+  require_kernel_dtype(dtype, "q");
   if (p.B * p.Hq > 65535)
     fail(FVA_ERR_UNSUPPORTED, "q: B * H = {} exceeds the CUDA backend's limit of 65535", p.B * p.Hq);
   if ((p.num_q_blocks + p.num_kv_blocks) * cpu::kVsaBlock > std::numeric_limits<int32_t>::max() - 64)
