@@ -1,4 +1,5 @@
 // Handle creation: backend selection (AUTO, CUDA, CPU), device query, fva_get_info.
+#include <cstddef>
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -47,7 +48,8 @@ fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
     check_not_null(out, "out");
     fva_handle_options_t defaults = FVA_HANDLE_OPTIONS_INIT;
     const fva_handle_options_t o =
-        read_config(opts, defaults, "opts", "fva_handle_options_t");
+        read_config(opts, defaults, "opts", "fva_handle_options_t",
+                    offsetof(fva_handle_options_t, kernels));  // ABI 1 ended before `kernels`
     if (o.backend != FVA_BACKEND_AUTO && o.backend != FVA_BACKEND_CUDA &&
         o.backend != FVA_BACKEND_CPU)
       fail(FVA_ERR_INVALID_ARGUMENT,
@@ -58,9 +60,14 @@ fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
       fail(FVA_ERR_INVALID_ARGUMENT, "opts->device is {} but must be -1 (current) or >= 0",
            o.device);
     check_flag(o.deterministic, "opts->deterministic");
+    if (o.kernels != FVA_KERNELS_AUTO && o.kernels != FVA_KERNELS_PORTABLE)
+      fail(FVA_ERR_INVALID_ARGUMENT,
+           "opts->kernels is {} but must be FVA_KERNELS_AUTO (0) or FVA_KERNELS_PORTABLE (1)",
+           o.kernels);
 
     auto h = std::make_unique<fva_handle>();
     h->deterministic = o.deterministic;
+    h->kernels = o.kernels;
     if (o.backend == FVA_BACKEND_CPU) {
       init_cpu(*h);
     } else {

@@ -93,19 +93,20 @@ void check_softmax_scale(float scale, const char* name);
 float resolve_softmax_scale(float scale, int64_t head_dim);
 
 // Reads an options struct that starts with struct_size: NULL gives `defaults`; a struct_size below
-// the ABI-1 size of the struct is an error; bytes beyond what this library knows are ignored.
+// `min_size` (the struct's size in ABI 1; by default all of it) is an error; fields a smaller
+// (older) struct lacks keep their defaults; bytes beyond what this library knows are ignored.
 template <typename Config>
 Config read_config(const Config* user, const Config& defaults, const char* name,
-                   const char* type_name) {
+                   const char* type_name, size_t min_size = sizeof(Config)) {
   if (user == nullptr) return defaults;
-  if (user->struct_size < sizeof(Config)) {
+  if (user->struct_size < min_size) {
     fail(FVA_ERR_INVALID_ARGUMENT,
          "{}: struct_size is {} but must be at least {} (sizeof({}) in ABI {}); initialize it "
          "with the header's *_INIT macro",
-         name, user->struct_size, sizeof(Config), type_name, FVA_ABI_VERSION);
+         name, user->struct_size, min_size, type_name, FVA_ABI_VERSION);
   }
-  Config c;
-  std::memcpy(&c, user, sizeof(Config));
+  Config c = defaults;
+  std::memcpy(&c, user, user->struct_size < sizeof(Config) ? user->struct_size : sizeof(Config));
   return c;
 }
 

@@ -12,6 +12,7 @@
 struct fva_handle {
   int32_t backend = FVA_BACKEND_CPU;  // resolved: never FVA_BACKEND_AUTO
   int32_t deterministic = 0;
+  int32_t kernels = FVA_KERNELS_AUTO;  // FVA_KERNELS_*: may the CUDA backend use native kernels
   int threads = 1;                    // CPU backend worker threads
   fva::cuda::DeviceInfo device;       // CUDA backend only
   std::string image = "cpu";          // kernel image in use ("none": no image fits the device)

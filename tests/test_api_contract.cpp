@@ -551,6 +551,19 @@ TEST_CASE("handles: options are checked; CUDA without a driver is FVA_ERR_NO_DEV
   o.device = -1;
   o.deterministic = 3;
   CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+  o.deterministic = 0;
+  o.kernels = 2;
+  CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(fva_last_error()).find("opts->kernels is 2") == 0);
+
+  // A client built against the ABI-1 header passes the 16-byte struct without `kernels`: accepted,
+  // and the bytes past its struct_size are not read (here: garbage that would fail the check).
+  o = FVA_HANDLE_OPTIONS_INIT;
+  o.backend = FVA_BACKEND_CPU;
+  o.struct_size = 16;
+  o.kernels = 12345;
+  REQUIRE(fva_create(&h, &o) == FVA_OK);
+  CHECK(fva_destroy(h) == FVA_OK);
 
   o = FVA_HANDLE_OPTIONS_INIT;
   o.backend = FVA_BACKEND_CUDA;
@@ -601,7 +614,12 @@ TEST_CASE("ABI: struct layouts and constants are the published ones") {
   CHECK(sizeof(fva_tensor_t) == 8 + 4 + 4 + 6 * 8 + 6 * 8);
   CHECK(offsetof(fva_tensor_t, shape) == 16);
   CHECK(offsetof(fva_tensor_t, strides) == 64);
-  CHECK(sizeof(fva_handle_options_t) == 16);
+  // fva_handle_options_t grew by appending `kernels` (struct_size versioning): ABI-1 clients pass
+  // 16 bytes, which fva_create still accepts (see the handles test).
+  CHECK(offsetof(fva_handle_options_t, kernels) == 16);
+  CHECK(sizeof(fva_handle_options_t) == 20);
+  CHECK(FVA_KERNELS_AUTO == 0);
+  CHECK(FVA_KERNELS_PORTABLE == 1);
   CHECK(sizeof(fva_qat_config_t) == 40);
   CHECK(offsetof(fva_qat_config_t, softmax_scale) == 4);
   CHECK(offsetof(fva_qat_config_t, quantized_qkv_backward) == 36);

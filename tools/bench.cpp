@@ -211,6 +211,7 @@ bool parse_list(const std::string& s, std::vector<int64_t>* out) {
 
 int cmd_bench(int argc, char** argv) {
   BenchOptions o;
+  std::string kernels = "auto";
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -224,7 +225,10 @@ int cmd_bench(int argc, char** argv) {
     if (a == "--help") {
       fmt::print(
           "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
-          "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n");
+          "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
+          "                    [--kernels auto|portable|both]\n"
+          "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
+          "             portable kernels' rows marked '/portable'\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -239,6 +243,12 @@ int cmd_bench(int argc, char** argv) {
       o.json_path = next();
     } else if (a == "--no-sdpa") {
       o.sdpa = false;
+    } else if (a == "--kernels") {
+      kernels = next();
+      if (kernels != "auto" && kernels != "portable" && kernels != "both") {
+        fmt::print(stderr, "fvattn bench: --kernels takes auto, portable or both\n");
+        return 2;
+      }
     } else {
       fmt::print(stderr, "fvattn bench: unknown option {}\n", a);
       return 2;
@@ -249,20 +259,29 @@ int cmd_bench(int argc, char** argv) {
       fmt::print(stderr, "fvattn bench: sequence lengths must be multiples of 64 (VSA blocks)\n");
       return 2;
     }
-  fva_handle_t h = nullptr;
-  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
-  opts.backend = FVA_BACKEND_CUDA;
-  fva_check(fva_create(&h, &opts), "fva_create(CUDA)");
   fva_handle_info_t info;
   info.struct_size = sizeof info;
-  fva_check(fva_get_info(h, &info), "fva_get_info");
   cudaStream_t stream;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  std::mt19937_64 rng(12345);
   std::vector<Result> res;
-  for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, res);
+  for (const int32_t choice : {FVA_KERNELS_AUTO, FVA_KERNELS_PORTABLE}) {
+    if ((choice == FVA_KERNELS_AUTO && kernels == "portable") ||
+        (choice == FVA_KERNELS_PORTABLE && kernels == "auto"))
+      continue;
+    fva_handle_t h = nullptr;
+    fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
+    opts.backend = FVA_BACKEND_CUDA;
+    opts.kernels = choice;
+    fva_check(fva_create(&h, &opts), "fva_create(CUDA)");
+    fva_check(fva_get_info(h, &info), "fva_get_info");
+    std::mt19937_64 rng(12345);
+    const size_t first = res.size();
+    for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, res);
+    if (kernels == "both" && choice == FVA_KERNELS_PORTABLE)
+      for (size_t i = first; i < res.size(); ++i) res[i].op += "/portable";
+    fva_destroy(h);
+  }
   cudaStreamDestroy(stream);
-  fva_destroy(h);
   if (o.sdpa) {
     const std::vector<Result> s = run_sdpa(o);
     res.insert(res.end(), s.begin(), s.end());
@@ -273,7 +292,7 @@ int cmd_bench(int argc, char** argv) {
   fmt::print("{:<22} {:>7} {:>10} {:>9}  {}\n", "op", "S", "ms", "TFLOPS", "note");
   for (const Result& r : res) {
     std::string note;
-    if (r.op == "qat_forward") note = fmt::format("executed (2 P·V): {:.1f} TFLOPS", r.tflops_extra);
+    if (r.op.rfind("qat_forward", 0) == 0) note = fmt::format("executed (2 P·V): {:.1f} TFLOPS", r.tflops_extra);
     if (r.op.rfind("vsa", 0) == 0) note = fmt::format("dense-equivalent: {:.1f} TFLOPS", r.tflops_extra);
     fmt::print("{:<22} {:>7} {:>10.3f} {:>9.1f}  {}\n", r.op, r.S, r.ms, r.tflops, note);
   }

@@ -124,14 +124,22 @@ typedef struct fva_handle* fva_handle_t;
 #define FVA_BACKEND_CUDA 1
 #define FVA_BACKEND_CPU 2
 
+/* Which CUDA kernels a handle may run (fva_handle_options_t.kernels). */
+#define FVA_KERNELS_AUTO 0     /* the fastest the device has: on sm_90 the Hopper-native (wgmma, TMA)
+                                  kernels where they cover the call, the portable ones elsewhere */
+#define FVA_KERNELS_PORTABLE 1 /* the portable (mma.sync) kernels only, on every device */
+
 typedef struct fva_handle_options {
   uint32_t struct_size;  /* sizeof(fva_handle_options_t) */
   int32_t backend;       /* FVA_BACKEND_* */
   int32_t device;        /* CUDA device ordinal; -1: the calling thread's current device (or 0) */
   int32_t deterministic; /* 1: bitwise reproducible results run to run (the CPU backend always is) */
+  int32_t kernels;       /* FVA_KERNELS_*; appended after ABI 1: a struct_size that ends before it
+                            (a client built against the older header) means FVA_KERNELS_AUTO */
 } fva_handle_options_t;
 
-#define FVA_HANDLE_OPTIONS_INIT {(uint32_t)sizeof(fva_handle_options_t), FVA_BACKEND_AUTO, -1, 0}
+#define FVA_HANDLE_OPTIONS_INIT \
+  {(uint32_t)sizeof(fva_handle_options_t), FVA_BACKEND_AUTO, -1, 0, FVA_KERNELS_AUTO}
 
 /* Creates a handle. opts may be NULL (defaults: FVA_HANDLE_OPTIONS_INIT).
  * Returns FVA_OK; FVA_ERR_INVALID_ARGUMENT (out NULL, struct_size too small, backend or device out of

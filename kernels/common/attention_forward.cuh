@@ -21,6 +21,7 @@
 #include "device_primitives.cuh"
 #include "kernel_params.h"
 #include "nvfp4_fragments.cuh"
+#include "online_softmax.cuh"
 #include "smem_tile.cuh"
 
 namespace fva::dev {
@@ -170,54 +171,16 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         const int row_base = q0 + warp_row0 + 16 * mt + g;  // rows row_base and row_base + 8
-        float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int slot = (sub * kNT + j) * 8 + 2 * t + (e & 1);
-            const int row = row_base + 8 * (e >> 1);
-            float& x = s[mt][j][e];
-            if (!sched.visible(row, k0 + slot, slot, n_valid)) x = Schedule::kMaskedLogit;
-            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            if (!sched.visible(row_base + 8 * (e >> 1), k0 + slot, slot, n_valid))
+              s[mt][j][e] = Schedule::kMaskedLogit;
           }
-        float m_use[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_new = fmaxf(m[mt][r], __fmul_rn(quad_max(mx[r]), p.scale_log2));
-          // All logits -inf (VSA: every key masked so far): p = 0, not 2^(-inf + inf).
-          m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
-          alpha[mt][r] = exp2f(m[mt][r] - m_use[r]);
-          m[mt][r] = m_new;
-        }
-
-        // p = 2^(s * scale * log2e - m), relative to the running max (not rounded yet).
-        float pr[kNT][4];
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            pr[j][e] = exp2f(__fmul_rn(s[mt][j][e], p.scale_log2) - m_use[e >> 1]);
-
-        // l: the quantized path sums p rounded to the dtype (FastVideo's QAT kernel), the plain
-        // path and VSA the fp32 p.
-        float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) rs[e >> 1] += kQuantizeP ? T::round(pr[j][e]) : pr[j][e];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l[mt][r] = l[mt][r] * alpha[mt][r] + quad_sum(rs[r]);
-
-#pragma unroll
-        for (int kb = 0; kb < kNT / 2; ++kb) {
-          a_hp[mt][kb][0] = T::pack(pr[2 * kb][0], pr[2 * kb][1]);
-          a_hp[mt][kb][1] = T::pack(pr[2 * kb][2], pr[2 * kb][3]);
-          a_hp[mt][kb][2] = T::pack(pr[2 * kb + 1][0], pr[2 * kb + 1][1]);
-          a_hp[mt][kb][3] = T::pack(pr[2 * kb + 1][2], pr[2 * kb + 1][3]);
-        }
-        if constexpr (kQuantizeP) {
-          SecondLevel second[2];
+        // Second-level P scales of the tile and row modes (chosen at run time unless kBlockP).
+        auto second_of = [&](const float (&pr)[kNT][4], SecondLevel (&second)[2]) {
           if (kBlockP) {
             // block scales: enc = dec = 1
           } else if (p.p_scale == 2) {  // row: rowmax of p over the sub-tile's real keys
@@ -237,21 +200,9 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
                 if (row_base + 8 * (e >> 1) < p.Sq) tmax = nvfp4_amax_step(tmax, pr[j][e]);
             second[0] = second[1] = SecondLevel::of(pair_max(warp_max(tmax), amax_slots, amax_use));
           }
-#pragma unroll
-          for (int kb = 0; kb < kNT / 2; ++kb) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
-                            pr[2 * kb + 1][2 * r + 1]};
-              float amax = 0.0f;
-#pragma unroll
-              for (int i = 0; i < 4; ++i) amax = nvfp4_amax_step(amax, x[i]);
-              fake_quantize_values(x, quad_max(amax), second[r]);
-              a_q[mt][kb][r] = T::pack(x[0], x[1]);
-              a_q[mt][kb][2 + r] = T::pack(x[2], x[3]);
-            }
-          }
-        }
+        };
+        online_softmax_step<T, kNT, kQuantizeP>(s[mt], m[mt], l[mt], alpha[mt], p.scale_log2,
+                                                a_hp[mt], a_q[kQuantizeP ? mt : 0], second_of);
       }
 
       if constexpr (kSingleBuffer) {

@@ -56,6 +56,19 @@ struct AttentionParams {
   VsaLists vsa;
 };
 
+// A CUDA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on the
+// host with cuTensorMapEncodeTiled and passed to a kernel by value for its TMA loads.
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
+
+// The sm_90a forward (kernels/hopper/): the portable parameters plus TMA maps of the tensors the
+// products read, each 4-d over (D, S, H, B) with boxes of 64 columns x 64 rows, 128-byte swizzle.
+struct Sm90ForwardParams {
+  AttentionParams a;
+  TensorMap q, k, v;
+};
+
 // NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
 // fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h).
 struct QuantizeParams {
@@ -100,5 +113,10 @@ constexpr int forward_2warp_smem_bytes(int D) { return 3 * 64 * D * 2 + 2 * 4 * 
 constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                     // Q, dO, K[2], V[2]
 // K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
 constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
+
+// sm_90a forward: Q (one 64-row tile per consumer warpgroup), kStages K and V tiles, mbarriers.
+constexpr int sm90_forward_smem_bytes(int D, int consumers, int stages) {
+  return (consumers + 2 * stages) * 64 * D * 2 + 8 * (1 + 3 * stages);
+}
 
 }  // namespace fva::kern

@@ -32,6 +32,12 @@ struct QatKeyTiles {
   __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
     return slot < n_valid && !(causal && key > row);
   }
+  // True when no row up to last_row sees a key of tile i (causal: the tile is above the diagonal).
+  __device__ __forceinline__ bool beyond(int i, int last_row) const {
+    return causal && key0(i) > last_row;
+  }
+  // Keys past Skv lie outside the tensor: the TMA fills them with zeros.
+  static constexpr bool kPaddedBlocks = false;
 };
 
 struct QatQueryTiles {

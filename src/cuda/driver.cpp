@@ -60,7 +60,8 @@ Driver load() {
       !bind(lib, "cuLibraryLoadData", &a.cuLibraryLoadData, &d.why) ||
       !bind(lib, "cuLibraryGetKernel", &a.cuLibraryGetKernel, &d.why) ||
       !bind(lib, "cuKernelSetAttribute", &a.cuKernelSetAttribute, &d.why) ||
-      !bind(lib, "cuLaunchKernel", &a.cuLaunchKernel, &d.why)) {
+      !bind(lib, "cuLaunchKernel", &a.cuLaunchKernel, &d.why) ||
+      !bind(lib, "cuTensorMapEncodeTiled", &a.cuTensorMapEncodeTiled, &d.why)) {
     return d;  // the library handle stays open: harmless, and dlclose of a driver is unsafe
   }
   const CUresult r = a.cuInit(0);

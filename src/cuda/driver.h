@@ -37,6 +37,11 @@ struct Api {
   CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice) = nullptr;
   CUresult (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**) = nullptr;
+  // cuTensorMapEncodeTiled(map, dtype, rank, address, dims, strides (bytes, rank - 1), box,
+  // element strides, interleave, swizzle, L2 promotion, OOB fill): the sm_90a kernels' TMA maps.
+  CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const unsigned long long*,
+                                     const unsigned long long*, const unsigned*, const unsigned*,
+                                     int, int, int, int) = nullptr;
 };
 
 // The bound entry points, or null when the driver is unavailable (see driver_available).

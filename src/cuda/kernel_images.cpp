@@ -24,6 +24,10 @@ extern const void* const prep_sass;
 extern const std::size_t prep_sass_size;
 extern const void* const prep_ptx;
 extern const std::size_t prep_ptx_size;
+extern const void* const sm90_sass;
+extern const std::size_t sm90_sass_size;
+extern const void* const sm90_ptx;
+extern const std::size_t sm90_ptx_size;
 }  // namespace images
 #endif
 
@@ -39,6 +43,7 @@ bool family_images(const std::string& name, Family* f) {
   if (name == "qat") *f = {images::qat_sass, images::qat_ptx};
   else if (name == "vsa") *f = {images::vsa_sass, images::vsa_ptx};
   else if (name == "prep") *f = {images::prep_sass, images::prep_ptx};
+  else if (name == "sm90") *f = {images::sm90_sass, images::sm90_ptx};  // SASS for sm_90a only
   else return false;
   return true;
 #else
@@ -78,6 +83,9 @@ CUlibrary library(const Api& a, const std::string& family, const DeviceInfo& dev
   if (!family_images(family, &f))
     fail(FVA_ERR_UNSUPPORTED, "this libfvattn.so was built without CUDA kernel images (FVATTN_CUDA=OFF)");
   const bool ptx = uses_ptx(device.sm_major);
+  if (ptx && f.ptx == nullptr)
+    fail(FVA_ERR_UNSUPPORTED, "the {} kernels have no PTX for device {} (sm_{}{})", family,
+         device.ordinal, device.sm_major, device.sm_minor);
   const std::string key = family + (ptx ? "/ptx" : "/sass");
   Registry& r = registry();
   auto it = r.libraries.find(key);

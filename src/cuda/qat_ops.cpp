@@ -1,7 +1,8 @@
 // QAT attention and NVFP4 fake quantization on the CUDA backend. A call is a short sequence of
 // launches on the caller's stream:
 //   [k mean (smooth_k): partial sums, final]  [NVFP4 fake quantization of q, k, v into the workspace]
-//   forward: attention kernel  |  backward: Delta, dQ kernel, dK/dV kernel.
+//   forward: attention kernel (sm_90: the native one of sm90_forward.h where it applies)
+//   |  backward: Delta, dQ kernel, dK/dV kernel.
 #include <fmt/format.h>
 
 #include <limits>
@@ -10,6 +11,7 @@
 #include "error.h"
 #include "kernel_images.h"
 #include "params.h"
+#include "sm90_forward.h"
 
 namespace fva::cuda {
 namespace {
@@ -178,6 +180,12 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   a.o = tensor4(o);
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
   a.lse = tensor3(lse);
+  // sm_90: the Hopper-native forward where it covers the call.
+  kern::Sm90ForwardParams native;
+  if (sm90_forward_prepare(h, Sm90Forward::kQat, a, p.D, quantize, p.cfg.p_scale, &native)) {
+    sm90_forward_launch(h, Sm90Forward::kQat, native, p.D, q.dtype, quantize, stream);
+    return;
+  }
   Launch l;
   l.grid_x = blocks_for(p.Sq, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);

@@ -9,6 +9,7 @@
 #include "error.h"
 #include "kernel_images.h"
 #include "params.h"
+#include "sm90_forward.h"
 
 namespace fva::cuda {
 namespace {
@@ -126,6 +127,11 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   a.o = tensor4(o);
   a.lse = tensor3(lse);
+  kern::Sm90ForwardParams native;
+  if (sm90_forward_prepare(h, Sm90Forward::kVsa, a, p.D, false, 0, &native)) {
+    sm90_forward_launch(h, Sm90Forward::kVsa, native, p.D, q.dtype, false, stream);
+    return;
+  }
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);

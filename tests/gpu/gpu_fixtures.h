@@ -3,6 +3,7 @@
 // workspaces filled with 0xFF so a kernel that relies on zeroed scratch fails.
 #pragma once
 
+#include <cstdlib>
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 #include <fvattn/fvattn.h>
@@ -24,12 +25,20 @@ namespace fvt {
 // the reason the GPU tests skip.
 std::string gpu_skip_reason();
 
+// The kernels the GPU tests run: FVATTN_TEST_KERNELS=portable pins the portable kernels (CTest runs
+// the suite both ways, so on sm_90 every test covers the native and the portable kernels).
+inline int32_t test_kernels() {
+  const char* k = std::getenv("FVATTN_TEST_KERNELS");
+  return k != nullptr && std::string(k) == "portable" ? FVA_KERNELS_PORTABLE : FVA_KERNELS_AUTO;
+}
+
 struct CudaHandle {
   fva_handle_t h = nullptr;
   explicit CudaHandle(bool deterministic = false) {
     fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
     o.backend = FVA_BACKEND_CUDA;
     o.deterministic = deterministic ? 1 : 0;
+    o.kernels = test_kernels();
     REQUIRE_OK(fva_create(&h, &o));
   }
   ~CudaHandle() { fva_destroy(h); }

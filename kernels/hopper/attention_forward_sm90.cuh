@@ -1,0 +1,269 @@
+// The Hopper-native attention forward (sm_90a), shared by QAT attention and VSA, built the way
+// FlashAttention-3 builds its Hopper kernels:
+//   - a producer warpgroup (one elected thread) streams Q once and then K and V tiles of 64 keys
+//     through a kStages-deep shared-memory ring with the TMA, in the order the schedule lists them
+//     (QAT: key tiles 0, 1, ...; VSA: the q block's q2k list, so the list is the schedule);
+//   - kConsumers consumer warpgroups each own 64 query rows and run, per key tile,
+//         S = Q Kᵀ (wgmma, both operands in shared memory) -> mask -> online softmax -> P·V (wgmma,
+//         P from registers, V in shared memory), QAT: both P·V products, FQ_P(P) and P;
+//   - setmaxnreg moves registers from the producer to the consumers.
+// QAT uses two consumers that share every K/V tile (128 query rows per block: half the L2 traffic
+// per FLOP); VSA's 64-row q blocks each have their own list, so it runs one consumer per block and
+// two blocks per SM, which the SM's warp schedulers interleave (one block's softmax runs under the
+// other's MMAs).
+// Within a consumer, the softmax of a QAT key tile runs in two 32-key sub-tiles (the running max
+// advances as in the CPU reference, see attention_forward.cuh), and the P·V of the first sub-tile
+// runs on the tensor cores while the second's softmax and NVFP4 arithmetic run.
+//
+// Layout and instruction notes: sm90_primitives.cuh. Shared memory (1024-byte aligned regions):
+//     Q [kConsumers tiles] | K [kStages tiles] | V [kStages tiles] | mbarriers
+// with a tile = 64 rows x D in D / 64 swizzled 64-column regions.
+#pragma once
+
+#include <math_constants.h>
+
+#include "common/kernel_params.h"
+#include "common/online_softmax.cuh"
+#include "hopper/sm90_primitives.cuh"
+
+namespace fva::dev::sm90 {
+
+template <int D, int kConsumers, int kStages>
+struct ForwardLayout {
+  static constexpr int kRegionBytes = 64 * 128;  // 64 rows x 64 16-bit columns
+  static constexpr int kRegions = D / 64;
+  static constexpr int kTileBytes = kRegions * kRegionBytes;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kConsumers * kTileBytes;
+  static constexpr int kV = kK + kStages * kTileBytes;
+  static constexpr int kBarriers = kV + kStages * kTileBytes;
+  static_assert(kern::sm90_forward_smem_bytes(D, kConsumers, kStages) ==
+                    kBarriers + 8 * (1 + 3 * kStages),
+                "host and device disagree on the shared-memory layout");
+};
+
+// Registers per thread after setmaxnreg: the producer keeps the minimum, the consumers take the
+// rest of the block's share (65536 per SM over kThreads x blocks-per-SM threads).
+template <int kConsumers>
+struct RegisterSplit;
+template <>
+struct RegisterSplit<1> {  // 2 blocks x 256 threads: 128 each at launch
+  static constexpr int kProducer = 24, kConsumer = 232;
+};
+template <>
+struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch
+  static constexpr int kProducer = 24, kConsumer = 240;
+};
+
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
+__device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
+                                                       char* smem) {
+  using L = ForwardLayout<D, kConsumers, kStages>;
+  using E = typename T::Storage;
+  constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
+  constexpr int kSubTiles = 64 / kSub;
+  constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
+  const kern::AttentionParams& p = P.a;
+
+  const uint32_t base = smem_addr(smem);
+  if (base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
+  const uint32_t bar_q = base + L::kBarriers;
+  auto bar_k = [&](int s) { return bar_q + 8 * (1 + s); };
+  auto bar_v = [&](int s) { return bar_q + 8 * (1 + kStages + s); };
+  auto bar_empty = [&](int s) { return bar_q + 8 * (1 + 2 * kStages + s); };
+
+  const int warpgroup = threadIdx.x / 128;  // 0: producer; 1..kConsumers: consumers
+  const int bh = blockIdx.y;
+  const int b = bh / p.Hq, h = bh % p.Hq;
+  const int hk = h / (p.Hq / p.Hkv);
+  // Heaviest query tiles first (causal): the last tiles see the most keys.
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * 64 * kConsumers;
+  // The block's tiles: those its last 64 rows see (causal QAT: a superset of the first rows').
+  const Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_k(s), 1);
+      mbar_init(bar_v(s), 1);
+      mbar_init(bar_empty(s), kConsumers * 4);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer ------------------------------------------------------------------------------
+    setmaxnreg_dec<RegisterSplit<kConsumers>::kProducer>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_descriptor(&P.q);
+      tma_prefetch_descriptor(&P.k);
+      tma_prefetch_descriptor(&P.v);
+      mbar_arrive_expect_tx(bar_q, kConsumers * L::kTileBytes);
+      for (int c = 0; c < kConsumers; ++c)
+        for (int r = 0; r < L::kRegions; ++r)
+          tma_load_4d(base + L::kQ + c * L::kTileBytes + r * L::kRegionBytes, &P.q, bar_q, 64 * r,
+                      q0 + 64 * c, h, b);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
+        mbar_wait(bar_empty(stage), phase ^ 1);  // a fresh barrier's previous phase counts as done
+        const int k0 = sched.key0(tile);
+        mbar_arrive_expect_tx(bar_k(stage), L::kTileBytes);
+        for (int r = 0; r < L::kRegions; ++r)
+          tma_load_4d(base + L::kK + stage * L::kTileBytes + r * L::kRegionBytes, &P.k,
+                      bar_k(stage), 64 * r, k0, hk, b);
+        mbar_arrive_expect_tx(bar_v(stage), L::kTileBytes);
+        for (int r = 0; r < L::kRegions; ++r)
+          tma_load_4d(base + L::kV + stage * L::kTileBytes + r * L::kRegionBytes, &P.v,
+                      bar_v(stage), 64 * r, k0, hk, b);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // ---- consumers --------------------------------------------------------------------------------
+  setmaxnreg_inc<RegisterSplit<kConsumers>::kConsumer>();
+  const int c = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + 64 * c;                  // this consumer's first row
+  const int last_row = min(p.Sq, row0 + 64) - 1;  // < row0: every row is past Sq
+  const int row_base = row0 + 16 * warp + g;      // this thread's rows: row_base, row_base + 8
+  const uint32_t q_tile = base + L::kQ + c * L::kTileBytes;
+
+  float o[D / 2], o_hp[kQuantizeP ? D / 2 : 1];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    o[i] = 0.0f;
+    if constexpr (kQuantizeP) o_hp[i] = 0.0f;
+  }
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.0f, 0.0f};
+
+  mbar_wait(bar_q, 0);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
+    const uint32_t k_tile = base + L::kK + stage * L::kTileBytes;
+    const uint32_t v_tile = base + L::kV + stage * L::kTileBytes;
+    mbar_wait(bar_k(stage), phase);
+    if (last_row >= row0 && !sched.beyond(tile, last_row)) {
+      // S = Q Kᵀ: D / 16 k16 steps, 32 bytes apart within a 128-byte row, 4 steps per region.
+      float s[8][4];
+      float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
+        wgmma_ss<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
+                        smem_descriptor(k_tile + offset, 16, 1024), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(s_flat);
+
+      const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int slot = j * 8 + 2 * t + (e & 1);
+          if (!sched.visible(row_base + 8 * (e >> 1), k0 + slot, slot, n_valid))
+            s[j][e] = Schedule::kMaskedLogit;
+        }
+
+      mbar_wait(bar_v(stage), phase);
+      if constexpr (Schedule::kPaddedBlocks) {
+        // A ragged block's padding slots hold whatever the caller left there (NaN included);
+        // P is exactly 0 there, but 0 * NaN is not, so those rows of V become zeros first.
+        static_assert(kConsumers == 1, "only one consumer may rewrite a shared V tile");
+        if (n_valid < 64) {
+          for (int i = tid; i < (64 - n_valid) * L::kRegions * 8; i += 128) {
+            const int row = n_valid + i / (L::kRegions * 8), rest = i % (L::kRegions * 8);
+            const uint32_t addr = v_tile + (rest / 8) * L::kRegionBytes + row * 128 + (rest % 8) * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+          }
+          fence_proxy_async();
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
+        }
+      }
+
+#pragma unroll
+      for (int sub = 0; sub < kSubTiles; ++sub) {
+        float ss[kNT][4];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ss[j][e] = s[sub * kNT + j][e];
+        uint32_t a_hp[kNT / 2][4], a_q[kQuantizeP ? kNT / 2 : 1][4];
+        float alpha[2];
+        online_softmax_step<T, kNT, kQuantizeP>(ss, m, l, alpha, p.scale_log2, a_hp, a_q,
+                                                BlockScalesOnly{});
+        // The previous sub-tile's P·V must be done before its accumulators are rescaled.
+        wgmma_wait<0>();
+        fence_registers(o);
+        if constexpr (kQuantizeP) fence_registers(o_hp);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) {
+          o[i] *= alpha[(i >> 1) & 1];
+          if constexpr (kQuantizeP) o_hp[i] *= alpha[(i >> 1) & 1];
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < kNT / 2; ++kb) {
+          const int step = sub * (kNT / 2) + kb;  // k16 step among the tile's 64 keys
+          const uint64_t v_desc = smem_descriptor(v_tile + step * 2048, L::kRegionBytes, 1024);
+          if constexpr (kQuantizeP) {
+            wgmma_rs_mn<T, D>(o, a_q[kb], v_desc);
+            wgmma_rs_mn<T, D>(o_hp, a_hp[kb], v_desc);
+          } else {
+            wgmma_rs_mn<T, D>(o, a_hp[kb], v_desc);
+          }
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      fence_registers(o);
+      if constexpr (kQuantizeP) fence_registers(o_hp);
+    } else {
+      mbar_wait(bar_v(stage), phase);  // nothing to compute; the slot is released once loaded
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty(stage));
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+
+  // ---- epilogue: o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA)
+  // gets o = 0 and lse = -inf.
+  E* og = static_cast<E*>(p.o.data) + b * p.o.stride_b + h * p.o.stride_h;
+  E* hg = p.o_hp.data != nullptr
+              ? static_cast<E*>(p.o_hp.data) + b * p.o_hp.stride_b + h * p.o_hp.stride_h
+              : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    if (row >= p.Sq) continue;
+    const bool any = l[r] > 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = j * 8 + 2 * t;
+      const float a = any ? __fdiv_rn(o[4 * j + 2 * r], l[r]) : 0.0f;
+      const float bb = any ? __fdiv_rn(o[4 * j + 2 * r + 1], l[r]) : 0.0f;
+      *reinterpret_cast<uint32_t*>(og + row * p.o.stride_s + col) = T::pack(a, bb);
+      if (hg != nullptr) {
+        float ha = a, hb = bb;
+        if constexpr (kQuantizeP) {
+          ha = any ? __fdiv_rn(o_hp[4 * j + 2 * r], l[r]) : 0.0f;
+          hb = any ? __fdiv_rn(o_hp[4 * j + 2 * r + 1], l[r]) : 0.0f;
+        }
+        *reinterpret_cast<uint32_t*>(hg + row * p.o_hp.stride_s + col) = T::pack(ha, hb);
+      }
+    }
+    if (t == 0)
+      p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
+          any ? m[r] + log2f(l[r]) : -CUDART_INF_F;
+  }
+}
+
+}  // namespace fva::dev::sm90

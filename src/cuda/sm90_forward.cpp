@@ -1,0 +1,74 @@
+#include "sm90_forward.h"
+
+#include <fmt/format.h>
+
+#include "kernel_images.h"
+#include "params.h"
+
+namespace fva::cuda {
+namespace {
+
+// cuda.h's enumerators for the maps (driver ABI).
+constexpr int kTmaUint16 = 1;        // CU_TENSOR_MAP_DATA_TYPE_UINT16: bf16 and fp16 alike
+constexpr int kTmaNoInterleave = 0;  // CU_TENSOR_MAP_INTERLEAVE_NONE
+constexpr int kTmaSwizzle128 = 3;    // CU_TENSOR_MAP_SWIZZLE_128B
+constexpr int kTmaL2Promote128 = 2;  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out of bounds reads 0
+
+// Pipeline depth and consumer warpgroups per kind (kernels/CMakeLists.txt instantiates these).
+constexpr int kQatConsumers = 2, kQatStages = 4;
+constexpr int kVsaConsumers = 1, kVsaStages = 3;
+
+// A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
+bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
+            kern::TensorMap* map) {
+  const unsigned long long dims[4] = {static_cast<unsigned long long>(D),
+                                      static_cast<unsigned long long>(S),
+                                      static_cast<unsigned long long>(H),
+                                      static_cast<unsigned long long>(B)};
+  const unsigned long long strides[3] = {static_cast<unsigned long long>(t.stride_s) * 2,
+                                         static_cast<unsigned long long>(t.stride_h) * 2,
+                                         static_cast<unsigned long long>(t.stride_b) * 2};
+  const unsigned box[4] = {64, 64, 1, 1};
+  const unsigned element_strides[4] = {1, 1, 1, 1};
+  return api.cuTensorMapEncodeTiled(map, kTmaUint16, 4, t.data, dims, strides, box,
+                                    element_strides, kTmaNoInterleave, kTmaSwizzle128,
+                                    kTmaL2Promote128, kTmaZeroFill) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool sm90_forward_prepare(const fva_handle& h, Sm90Forward kind, const kern::AttentionParams& a,
+                          int64_t D, bool quantize_p, int32_t p_scale,
+                          kern::Sm90ForwardParams* params) {
+  if (h.kernels != FVA_KERNELS_AUTO || h.image != "sm_90a") return false;
+  if (D != 64 && D != 128) return false;
+  if (kind == Sm90Forward::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return false;
+  const Api* api = cuda::api();
+  if (api == nullptr || api->cuTensorMapEncodeTiled == nullptr) return false;
+  params->a = a;
+  // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
+  // kernels, which read through plain pointers, run the call.
+  return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
+         encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
+         encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v);
+}
+
+void sm90_forward_launch(const fva_handle& h, Sm90Forward kind, const kern::Sm90ForwardParams& params,
+                         int64_t D, int32_t dtype, bool quantize_p, void* stream) {
+  const kern::AttentionParams& a = params.a;
+  const bool qat = kind == Sm90Forward::kQat;
+  const int consumers = qat ? kQatConsumers : kVsaConsumers;
+  const int stages = qat ? kQatStages : kVsaStages;
+  Launch l;
+  l.grid_x = blocks_for(a.Sq, 64 * consumers);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.block = static_cast<unsigned>(128 * (1 + consumers));
+  l.smem = static_cast<size_t>(kern::sm90_forward_smem_bytes(static_cast<int>(D), consumers, stages));
+  const std::string name =
+      qat ? fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0")
+          : fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
+  launch("sm90", name.c_str(), h.device, l, stream, params);
+}
+
+}  // namespace fva::cuda
