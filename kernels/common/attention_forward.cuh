@@ -201,8 +201,14 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
             second[0] = second[1] = SecondLevel::of(pair_max(warp_max(tmax), amax_slots, amax_use));
           }
         };
-        online_softmax_step<T, kNT, kQuantizeP>(s[mt], m[mt], l[mt], alpha[mt], p.scale_log2,
-                                                a_hp[mt], a_q[kQuantizeP ? mt : 0], second_of);
+        if constexpr (kBlockP) {
+          (void)second_of;
+          online_softmax_step<T, kNT, kQuantizeP>(s[mt], m[mt], l[mt], alpha[mt], p.scale_log2,
+                                                  a_hp[mt], a_q[kQuantizeP ? mt : 0], BlockScalesOnly{});
+        } else {
+          online_softmax_step<T, kNT, kQuantizeP>(s[mt], m[mt], l[mt], alpha[mt], p.scale_log2,
+                                                  a_hp[mt], a_q[kQuantizeP ? mt : 0], second_of);
+        }
       }
 
       if constexpr (kSingleBuffer) {

@@ -29,6 +29,9 @@ struct Bf16 {
     return __bfloat162float(__float2bfloat16_rn(x));
   }
   static __device__ __forceinline__ float to_float(Storage x) { return __bfloat162float(x); }
+  // The two values of a packed pair, exactly.
+  static __device__ __forceinline__ float low(uint32_t v) { return __uint_as_float(v << 16); }
+  static __device__ __forceinline__ float high(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 };
 
 struct F16 {
@@ -39,6 +42,12 @@ struct F16 {
   }
   static __device__ __forceinline__ float round(float x) { return __half2float(__float2half_rn(x)); }
   static __device__ __forceinline__ float to_float(Storage x) { return __half2float(x); }
+  static __device__ __forceinline__ float low(uint32_t v) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xffffu)));
+  }
+  static __device__ __forceinline__ float high(uint32_t v) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16)));
+  }
 };
 
 // d += a * b, m16n8k16, fp32 accumulate.

@@ -122,6 +122,19 @@ FVA_HD float e4m3_round_magnitude(float x) {
 
 constexpr float kE2M1Max = 6.0f;
 
+#if defined(__CUDA_ARCH__)
+// |y| rounded to the E2M1 grid on the device, in 7 instructions: adding and subtracting c, a power
+// of two whose fp32 ulp is the grid step (2^22: step 0.5 below 2; 2^23: step 1 below 4; 2^24:
+// step 2 above), rounds a to the step with round-half-to-even, which is E2M1's tie rule (0.25 -> 0,
+// 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4); fminf saturates at 6 (inf: inf - c = inf; NaN: fminf gives
+// 6). a >= 0 or NaN. Equal to e2m1_round's host ladder for every such float: tests/gpu/
+// nvfp4_device_parity compares them on every run.
+__device__ __forceinline__ float e2m1_round_magnitude_device(float a) {
+  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+  return fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
+}
+#endif
+
 // y rounded to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} (with y's sign), nearest even code on a tie
 // (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; NaN and
 // inf give +-6. The sign of zero follows y (FastVideo's fake quantization keeps -0).
@@ -129,15 +142,7 @@ FVA_HD float e2m1_round(float y) {
   const uint32_t sign = float_bits(y) & 0x80000000u;
   const float a = bits_float(float_bits(y) & 0x7fffffffu);
 #if defined(__CUDA_ARCH__)
-  // The same grid as arithmetic, fewer instructions on the GPU: the E2M1 step is 0.5 below 2, 1 below
-  // 4 and 2 above; a / step is exact (a power-of-two scale), rintf rounds half to even (always, on
-  // the device), and fminf saturates (NaN too: fminf(NaN, 6) = 6). Equal to the branch ladder below
-  // for every float (checked exhaustively on |y| <= 8 and sampled beyond; tests/gpu/nvfp4_device_parity
-  // compares the device against the host on every run).
-  const float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  const float q = fminf(rintf(a * inv_step) * step, 6.0f);
-  return bits_float(float_bits(q) | sign);
+  return bits_float(float_bits(e2m1_round_magnitude_device(a)) | sign);
 #else
   float q;
   if (!(a <= 5.0f)) q = 6.0f;  // (5, inf], NaN

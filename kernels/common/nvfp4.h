@@ -26,8 +26,12 @@ constexpr float kNvfp4AmaxFloor = 1e-8f;
 // Running max of |x| that ignores NaN (a NaN input must not poison its group's scale; it is itself
 // saturated to +-6 by e2m1_round).
 FVA_HD float nvfp4_amax_step(float amax, float x) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(amax, fabsf(x));  // one FMNMX with |x|; fmaxf ignores a NaN x, as the ladder does
+#else
   const float a = bits_float(float_bits(x) & 0x7fffffffu);
   return a > amax ? a : amax;
+#endif
 }
 
 // Second-level encode factor of a tile (tile mode) or tile row (row mode) from its amax.
@@ -82,5 +86,15 @@ FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
   const float q = bits_float(float_bits(magnitude) | (float_bits(x) & 0x80000000u));
   return q * g.e4m3 * g.dec;
 }
+
+#if defined(__CUDA_ARCH__)
+// nvfp4_fake_quant for a block-scale group (dec = 1) of values x >= 0 (softmax probabilities), on
+// the device: the same result for every such x, without the sign and second-level steps. A group
+// whose scale is 0 has reciprocal 0, so x * 0 = 0 rounds to 0 and 0 * s = 0, as the general form
+// returns.
+__device__ __forceinline__ float nvfp4_fake_quant_nonneg_block(const Nvfp4Group& g, float x) {
+  return e2m1_round_magnitude_device(x * g.reciprocal) * g.e4m3;
+}
+#endif
 
 }  // namespace fva

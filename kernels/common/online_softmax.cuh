@@ -10,21 +10,39 @@
 
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "device_primitives.cuh"
 #include "nvfp4_fragments.cuh"
 
 namespace fva::dev {
 
+// Block NVFP4 scales (enc = dec = 1): nothing to compute, and the quantization takes its short form.
+struct BlockScalesOnly {
+  template <int kNT>
+  __device__ __forceinline__ void operator()(const float (&)[kNT][4], SecondLevel (&)[2]) const {}
+};
+
+// 2^x with the MUFU unit alone. exp2f adds a range fix-up for results below 2^-126 (subnormal p);
+// flushing those to 0 moves no output (such p are below bf16's resolution next to the row max's 1).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // s: kNT n8 tiles of scores (masked), rows g and g + 8 of the warp's m16 tile. m, l: the running
 // max and sum of those two rows (updated). alpha: each row's rescale of the output accumulators.
 // a_hp / a_q: P (and FQ_P(P)) as the A operands of the kNT / 2 k16 steps of P·V.
-// second_of(pr, second): the second-level NVFP4 factors of the two rows (block scales: leave them).
+// second_of(pr, second): the second-level NVFP4 factors of the two rows; BlockScalesOnly (block
+// scales) selects the short form of the quantization for p >= 0.
 template <typename T, int kNT, bool kQuantizeP, typename SecondLevelOf>
 __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2],
                                                     float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
                                                     uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
                                                     SecondLevelOf&& second_of) {
+  constexpr bool kBlock = std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesOnly>;
   float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
@@ -36,7 +54,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
     const float m_new = fmaxf(m[r], __fmul_rn(quad_max(mx[r]), scale_log2));
     // All logits -inf (VSA: every key masked so far): p = 0, not 2^(-inf + inf).
     m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
-    alpha[r] = exp2f(m[r] - m_use[r]);
+    alpha[r] = fast_exp2(m[r] - m_use[r]);
     m[r] = m_new;
   }
 
@@ -45,17 +63,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) pr[j][e] = exp2f(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
-
-  // l: the quantized path sums p rounded to the dtype (FastVideo's QAT kernel), the plain path and
-  // VSA the fp32 p.
-  float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < kNT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) rs[e >> 1] += kQuantizeP ? T::round(pr[j][e]) : pr[j][e];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+    for (int e = 0; e < 4; ++e) pr[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
 
 #pragma unroll
   for (int kb = 0; kb < kNT / 2; ++kb) {
@@ -64,6 +72,29 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
     a_hp[kb][2] = T::pack(pr[2 * kb + 1][0], pr[2 * kb + 1][1]);
     a_hp[kb][3] = T::pack(pr[2 * kb + 1][2], pr[2 * kb + 1][3]);
   }
+
+  // l: the quantized path sums p rounded to the dtype (FastVideo's QAT kernel; read back from the
+  // packed operands, which hold exactly those roundings, in the same order), the plain path and VSA
+  // the fp32 p.
+  float rs[2] = {0.0f, 0.0f};
+  if constexpr (kQuantizeP) {
+#pragma unroll
+    for (int kb = 0; kb < kNT / 2; ++kb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        rs[r] += T::low(a_hp[kb][r]);
+        rs[r] += T::high(a_hp[kb][r]);
+        rs[r] += T::low(a_hp[kb][2 + r]);
+        rs[r] += T::high(a_hp[kb][2 + r]);
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rs[e >> 1] += pr[j][e];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
   if constexpr (kQuantizeP) {
     SecondLevel second[2];
     second_of(pr, second);
@@ -77,18 +108,18 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
         float amax = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) amax = nvfp4_amax_step(amax, x[i]);
-        fake_quantize_values(x, quad_max(amax), second[r]);
+        if constexpr (kBlock) {
+          const Nvfp4Group grp = nvfp4_group(quad_max(amax), 1.0f, 1.0f);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
+        } else {
+          fake_quantize_values(x, quad_max(amax), second[r]);
+        }
         a_q[kb][r] = T::pack(x[0], x[1]);
         a_q[kb][2 + r] = T::pack(x[2], x[3]);
       }
     }
   }
 }
-
-// Block NVFP4 scales (enc = dec = 1): nothing to compute.
-struct BlockScalesOnly {
-  template <int kNT>
-  __device__ __forceinline__ void operator()(const float (&)[kNT][4], SecondLevel (&)[2]) const {}
-};
 
 }  // namespace fva::dev

@@ -63,6 +63,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
   constexpr int kSubTiles = 64 / kSub;
   constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
+  // VSA: one 64-key softmax per tile and registers to spare, so S of the next tile overlaps.
+  constexpr bool kOverlapNextS = !kQuantizeP && kConsumers == 1 && kSubTiles == 1;
   const kern::AttentionParams& p = P.a;
 
   const uint32_t base = smem_addr(smem);
@@ -140,98 +142,209 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     if constexpr (kQuantizeP) o_hp[i] = 0.0f;
   }
   float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.0f, 0.0f};
+  // S of one key tile, and P (and FQ_P(P)) of its 4 k16 steps as A operands of P·V. The A
+  // registers are read by the tensor cores after the issuing instruction, so each is kept alive
+  // (keep_alive) until the wait that covers its P·V: otherwise the compiler could reuse them.
+  float s[8][4];
+  float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
+  uint32_t a_hp[4][4], a_q[kQuantizeP ? 4 : 1][4];
+
+  auto k_tile = [&](int st) { return base + L::kK + st * L::kTileBytes; };
+  auto v_tile = [&](int st) { return base + L::kV + st * L::kTileBytes; };
+  auto keep_alive = [&]() {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        asm volatile("" : "+r"(a_hp[i][e])::"memory");
+        if constexpr (kQuantizeP) asm volatile("" : "+r"(a_q[i][e])::"memory");
+      }
+  };
+  auto fence_accumulators = [&]() {
+    fence_registers(o);
+    if constexpr (kQuantizeP) fence_registers(o_hp);
+  };
+  // S = Q Kᵀ: D / 16 k16 steps, 32 bytes apart within a 128-byte row, 4 steps per region.
+  auto issue_s = [&](uint32_t k_smem) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
+      wgmma_ss<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
+                      smem_descriptor(k_smem + offset, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  auto apply_mask = [&](int tile) {
+    if (sched.unmasked(tile, row0)) return;  // the whole 64 x 64 tile is visible
+    const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int slot = j * 8 + 2 * t + (e & 1);
+        if (!sched.visible(row_base + 8 * (e >> 1), k0 + slot, slot, n_valid))
+          s[j][e] = Schedule::kMaskedLogit;
+      }
+  };
+  // A ragged block's padding slots hold whatever the caller left there (NaN included); P is exactly
+  // 0 there, but 0 * NaN is not, so those rows of V become zeros before P·V reads them.
+  auto zero_padding = [&](int tile, uint32_t v_smem) {
+    if constexpr (Schedule::kPaddedBlocks) {
+      static_assert(kConsumers == 1, "only one consumer may rewrite a shared V tile");
+      const int n_valid = sched.valid_keys(tile);
+      if (n_valid < 64) {
+        for (int i = tid; i < (64 - n_valid) * L::kRegions * 8; i += 128) {
+          const int row = n_valid + i / (L::kRegions * 8), rest = i % (L::kRegions * 8);
+          const uint32_t addr = v_smem + (rest / 8) * L::kRegionBytes + row * 128 + (rest % 8) * 16;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+        }
+        fence_proxy_async();
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
+      }
+    }
+  };
+  // o *= alpha per row, skipped when no row of this warp changed its max (then alpha is exactly 1,
+  // and a multiplication by 1 changes nothing). The accumulators must be complete (waited for).
+  auto rescale = [&](const float (&alpha)[2]) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return false;
+    fence_accumulators();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) {
+      o[i] *= alpha[(i >> 1) & 1];
+      if constexpr (kQuantizeP) o_hp[i] *= alpha[(i >> 1) & 1];
+    }
+    return true;
+  };
+  // P·V over k16 steps [first, first + count) of the tile's 64 keys (16 keys, 2048 bytes each).
+  auto issue_pv = [&](uint32_t v_smem, int first, int count) {
+    wgmma_fence();
+#pragma unroll
+    for (int step = first; step < first + count; ++step) {
+      const uint64_t v_desc = smem_descriptor(v_smem + step * 2048, L::kRegionBytes, 1024);
+      if constexpr (kQuantizeP) {
+        wgmma_rs_mn<T, D>(o, a_q[step], v_desc);
+        wgmma_rs_mn<T, D>(o_hp, a_hp[step], v_desc);
+      } else {
+        wgmma_rs_mn<T, D>(o, a_hp[step], v_desc);
+      }
+    }
+    wgmma_commit();
+  };
+  // Softmax of sub-tile `sub` of s into the operands of its k16 steps.
+  auto softmax_sub = [&](int sub, float (&alpha)[2]) {
+    float ss[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ss[j][e] = s[sub * kNT + j][e];
+    auto& hp = reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_hp[sub * (kNT / 2)]);
+    auto& qq = reinterpret_cast<uint32_t(&)[kQuantizeP ? kNT / 2 : 1][4]>(a_q[kQuantizeP ? sub * (kNT / 2) : 0]);
+    online_softmax_step<T, kNT, kQuantizeP>(ss, m, l, alpha, p.scale_log2, hp, qq, BlockScalesOnly{});
+  };
 
   mbar_wait(bar_q, 0);
   int stage = 0;
   uint32_t phase = 0;
-  for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
-    const uint32_t k_tile = base + L::kK + stage * L::kTileBytes;
-    const uint32_t v_tile = base + L::kV + stage * L::kTileBytes;
-    mbar_wait(bar_k(stage), phase);
-    if (last_row >= row0 && !sched.beyond(tile, last_row)) {
-      // S = Q Kᵀ: D / 16 k16 steps, 32 bytes apart within a 128-byte row, 4 steps per region.
-      float s[8][4];
-      float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-        wgmma_ss<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
-                        smem_descriptor(k_tile + offset, 16, 1024), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty(st));
+  };
+
+  if constexpr (kOverlapNextS) {
+    // FlashAttention-3's intra-warpgroup overlap (one 64-key softmax per tile): S of tile i + 1 is
+    // issued before P·V of tile i, and tile i + 1's softmax runs while that P·V is on the tensor
+    // cores.
+    static_assert(kSubTiles == 1 && !kQuantizeP, "one unquantized softmax per tile");
+    int tile = sched.first();
+    float alpha[2];
+    if (tile >= 0) {
+      mbar_wait(bar_k(0), 0);
+      issue_s(k_tile(0));
       wgmma_wait<0>();
       fence_registers(s_flat);
-
-      const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int slot = j * 8 + 2 * t + (e & 1);
-          if (!sched.visible(row_base + 8 * (e >> 1), k0 + slot, slot, n_valid))
-            s[j][e] = Schedule::kMaskedLogit;
-        }
-
-      mbar_wait(bar_v(stage), phase);
-      if constexpr (Schedule::kPaddedBlocks) {
-        // A ragged block's padding slots hold whatever the caller left there (NaN included);
-        // P is exactly 0 there, but 0 * NaN is not, so those rows of V become zeros first.
-        static_assert(kConsumers == 1, "only one consumer may rewrite a shared V tile");
-        if (n_valid < 64) {
-          for (int i = tid; i < (64 - n_valid) * L::kRegions * 8; i += 128) {
-            const int row = n_valid + i / (L::kRegions * 8), rest = i % (L::kRegions * 8);
-            const uint32_t addr = v_tile + (rest / 8) * L::kRegionBytes + row * 128 + (rest % 8) * 16;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-          }
-          fence_proxy_async();
-          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
-        }
-      }
-
-#pragma unroll
-      for (int sub = 0; sub < kSubTiles; ++sub) {
-        float ss[kNT][4];
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) ss[j][e] = s[sub * kNT + j][e];
-        uint32_t a_hp[kNT / 2][4], a_q[kQuantizeP ? kNT / 2 : 1][4];
-        float alpha[2];
-        online_softmax_step<T, kNT, kQuantizeP>(ss, m, l, alpha, p.scale_log2, a_hp, a_q,
-                                                BlockScalesOnly{});
-        // The previous sub-tile's P·V must be done before its accumulators are rescaled.
-        wgmma_wait<0>();
-        fence_registers(o);
-        if constexpr (kQuantizeP) fence_registers(o_hp);
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-          o[i] *= alpha[(i >> 1) & 1];
-          if constexpr (kQuantizeP) o_hp[i] *= alpha[(i >> 1) & 1];
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < kNT / 2; ++kb) {
-          const int step = sub * (kNT / 2) + kb;  // k16 step among the tile's 64 keys
-          const uint64_t v_desc = smem_descriptor(v_tile + step * 2048, L::kRegionBytes, 1024);
-          if constexpr (kQuantizeP) {
-            wgmma_rs_mn<T, D>(o, a_q[kb], v_desc);
-            wgmma_rs_mn<T, D>(o_hp, a_hp[kb], v_desc);
-          } else {
-            wgmma_rs_mn<T, D>(o, a_hp[kb], v_desc);
-          }
-        }
-        wgmma_commit();
-      }
-      wgmma_wait<0>();
-      fence_registers(o);
-      if constexpr (kQuantizeP) fence_registers(o_hp);
-    } else {
-      mbar_wait(bar_v(stage), phase);  // nothing to compute; the slot is released once loaded
+      apply_mask(tile);
+      softmax_sub(0, alpha);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(stage));
-    if (++stage == kStages) stage = 0, phase ^= 1;
+    while (tile >= 0) {
+      const int next = sched.next(tile);
+      const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
+      const uint32_t next_phase = next_stage == 0 ? phase ^ 1 : phase;
+      if (next >= 0) {
+        mbar_wait(bar_k(next_stage), next_phase);
+        issue_s(k_tile(next_stage));  // s is free: tile i's P is in a_hp
+      }
+      mbar_wait(bar_v(stage), phase);
+      zero_padding(tile, v_tile(stage));
+      rescale(alpha);  // tile i - 1's P·V was waited for at the end of the last iteration
+      issue_pv(v_tile(stage), 0, 4);
+      if (next >= 0) {
+        wgmma_wait<1>();  // S of tile i + 1 (P·V of tile i may still run)
+        fence_registers(s_flat);
+        apply_mask(next);
+        float ss[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ss[j][e] = s[j][e];
+        uint32_t next_hp[4][4], unused[1][4];
+        online_softmax_step<T, 8, false>(ss, m, l, alpha, p.scale_log2, next_hp, unused,
+                                         BlockScalesOnly{});
+        wgmma_wait<0>();  // P·V of tile i: its A registers may be overwritten now
+        fence_accumulators();
+        keep_alive();
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a_hp[i][e] = next_hp[i][e];
+      } else {
+        wgmma_wait<0>();
+        fence_accumulators();
+        keep_alive();
+      }
+      release(stage);
+      tile = next;
+      stage = next_stage;
+      phase = next_phase;
+    }
+  } else {
+    // One tile at a time: S, then the softmax of every sub-tile (their arithmetic is independent
+    // once the running maxes are known, so the warp has work in flight), then the sub-tiles' P·V
+    // back to back (a rescale in between waits for the first). The previous tile's P·V overlaps
+    // this tile's S; its stage is released once both are done.
+    int pending = -1;
+    for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
+      const bool compute = last_row >= row0 && !sched.beyond(tile, last_row);
+      mbar_wait(bar_k(stage), phase);
+      if (compute) issue_s(k_tile(stage));
+      wgmma_wait<0>();
+      fence_registers(s_flat);
+      fence_accumulators();
+      keep_alive();
+      if (pending >= 0) release(pending);
+      mbar_wait(bar_v(stage), phase);
+      if (compute) {
+        apply_mask(tile);
+        float alpha[kSubTiles][2];
+#pragma unroll
+        for (int sub = 0; sub < kSubTiles; ++sub) softmax_sub(sub, alpha[sub]);
+        zero_padding(tile, v_tile(stage));
+#pragma unroll
+        for (int sub = 0; sub < kSubTiles; ++sub) {
+          if (sub > 0 && __any_sync(0xffffffffu, alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f)) {
+            wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
+            keep_alive();
+          }
+          rescale(alpha[sub]);
+          issue_pv(v_tile(stage), sub * (kNT / 2), kNT / 2);
+        }
+      }
+      pending = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    wgmma_wait<0>();
+    fence_accumulators();
+    keep_alive();
   }
 
   // ---- epilogue: o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA)

@@ -36,6 +36,10 @@ struct QatKeyTiles {
   __device__ __forceinline__ bool beyond(int i, int last_row) const {
     return causal && key0(i) > last_row;
   }
+  // True when every key of tile i is visible to every row from first_row on (no mask to apply).
+  __device__ __forceinline__ bool unmasked(int i, int first_row) const {
+    return valid_keys(i) == 64 && !(causal && key0(i) + 63 > first_row);
+  }
   // Keys past Skv lie outside the tensor: the TMA fills them with zeros.
   static constexpr bool kPaddedBlocks = false;
 };

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ncu profile of the attention kernels at the bench shape (B=1, H=8, S=16384, D=128), on the device
 # machine after tools/gpu-check has built build-gpu. Prints, per kernel, the time and the counters
-# that say what bounds it: tensor-pipe, shared-memory and issue utilization, occupancy, bank
-# conflicts, and the main warp stall reasons. Clocks are left alone (--clock-control none).
+# that say what bounds it: tensor-pipe (mma.sync: hmma%, wgmma: gmma%), shared-memory and issue
+# utilization, L2 and DRAM throughput, warp instructions, occupancy, bank conflicts, and the main
+# warp stall reasons. Clocks are left alone (--clock-control none).
 #   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384).
 set -uo pipefail
 B=${BUILD_DIR:-build-gpu}
@@ -13,6 +14,10 @@ m+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
 m+=,sm__issue_active.avg.pct_of_peak_sustained_active
 m+=,sm__warps_active.avg.pct_of_peak_sustained_active
 m+=,launch__registers_per_thread
+m+=,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+m+=,lts__throughput.avg.pct_of_peak_sustained_elapsed
+m+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
+m+=,smsp__inst_executed.sum
 m+=,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
@@ -22,9 +27,9 @@ m+=,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
-ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
+ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(sm90_)?(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
   --metrics "$m" --csv --page raw --log-file "${OUT:-/tmp}/ncu.csv" \
-  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa > "${OUT:-/tmp}/ncu.err" 2>&1
+  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa --kernels "${BENCH_KERNELS:-auto}" > "${OUT:-/tmp}/ncu.err" 2>&1
 python3 - "${OUT:-/tmp}/ncu.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r and not r[0].startswith("==")]
@@ -33,7 +38,11 @@ short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.
          "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed": "smem%",
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "bankconf",
          "sm__issue_active.avg.pct_of_peak_sustained_active": "issue%", "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
-         "launch__registers_per_thread": "regs"}
+         "launch__registers_per_thread": "regs",
+         "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "gmma%",
+         "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2%",
+         "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+         "smsp__inst_executed.sum": "warp_inst"}
 for k in hdr:
     if "stalled_" in k:
         short[k] = "st_" + k.split("stalled_")[1].split("_per_issue")[0][:10]
