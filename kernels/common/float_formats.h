@@ -122,7 +122,7 @@ FVA_HD float e4m3_round_magnitude(float x) {
 
 constexpr float kE2M1Max = 6.0f;
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 // |y| rounded to the E2M1 grid on the device, in 7 instructions: adding and subtracting c, a power
 // of two whose fp32 ulp is the grid step (2^22: step 0.5 below 2; 2^23: step 1 below 4; 2^24:
 // step 2 above), rounds a to the step with round-half-to-even, which is E2M1's tie rule (0.25 -> 0,

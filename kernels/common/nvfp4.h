@@ -87,7 +87,7 @@ FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
   return q * g.e4m3 * g.dec;
 }
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 // nvfp4_fake_quant for a block-scale group (dec = 1) of values x >= 0 (softmax probabilities), on
 // the device: the same result for every such x, without the sign and second-level steps. A group
 // whose scale is 0 has reciprocal 0, so x * 0 = 0 rounds to 0 and 0 * s = 0, as the general form
