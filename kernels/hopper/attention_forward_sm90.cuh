@@ -55,7 +55,10 @@ struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch
   static constexpr int kProducer = 24, kConsumer = 240;
 };
 
-template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
+// kOverlapNextS: issue the next tile's S before this tile's P·V (FlashAttention-3's intra-warpgroup
+// overlap; one unquantized 64-key softmax per tile) rather than one tile at a time.
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages,
+          bool kOverlapNextS = false>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = ForwardLayout<D, kConsumers, kStages>;
@@ -63,8 +66,6 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
   constexpr int kSubTiles = 64 / kSub;
   constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
-  // VSA: one 64-key softmax per tile and registers to spare, so S of the next tile overlaps.
-  constexpr bool kOverlapNextS = !kQuantizeP && kConsumers == 1 && kSubTiles == 1;
   const kern::AttentionParams& p = P.a;
 
   const uint32_t base = smem_addr(smem);
@@ -156,8 +157,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        asm volatile("" : "+r"(a_hp[i][e])::"memory");
-        if constexpr (kQuantizeP) asm volatile("" : "+r"(a_q[i][e])::"memory");
+        asm volatile("" : "+r"(a_hp[i][e]));
+        if constexpr (kQuantizeP) asm volatile("" : "+r"(a_q[i][e]));
       }
   };
   auto fence_accumulators = [&]() {

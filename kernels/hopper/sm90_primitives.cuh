@@ -111,11 +111,12 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Keeps the compiler from moving accesses of accumulator registers across a wgmma issue or wait.
+// Keeps the compiler from moving accesses of accumulator registers across a wgmma issue or wait
+// (volatile asm keeps its order among volatile asm; no memory clobber: these are registers only).
 template <int N>
 __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]));
 }
 
 // D (+)= A·B, m64nNk16: A and B K-major in shared memory (descriptors). accumulate = 0: D = A·B.

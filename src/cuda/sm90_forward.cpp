@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "kernel_images.h"
 #include "params.h"
 
@@ -36,6 +39,15 @@ bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_
                                     kTmaL2Promote128, kTmaZeroFill) == CUDA_SUCCESS;
 }
 
+// A developer's A/B switch between the two VSA mainloop variants (not API; read once).
+const char* vsa_variant() {
+  static const char* v = [] {
+    const char* e = std::getenv("FVATTN_DEV_SM90_VARIANT");
+    return e != nullptr && std::string(e) == "overlap" ? "_overlap" : "";
+  }();
+  return v;
+}
+
 }  // namespace
 
 bool sm90_forward_prepare(const fva_handle& h, Sm90Forward kind, const kern::AttentionParams& a,
@@ -67,7 +79,7 @@ void sm90_forward_launch(const fva_handle& h, Sm90Forward kind, const kern::Sm90
   l.smem = static_cast<size_t>(kern::sm90_forward_smem_bytes(static_cast<int>(D), consumers, stages));
   const std::string name =
       qat ? fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0")
-          : fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
+          : fmt::format("fva_sm90_vsa_fwd_{}_d{}{}", dtype_suffix(dtype), D, vsa_variant());
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 
