@@ -69,6 +69,12 @@ struct Sm90ForwardParams {
   TensorMap q, k, v;
 };
 
+// sm_90a dK/dV: the portable parameters plus TMA maps of what it reads tile by tile.
+struct Sm90BackwardParams {
+  AttentionParams a;
+  TensorMap q, k, v, dout;
+};
+
 // NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
 // fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h).
 struct QuantizeParams {
@@ -117,6 +123,11 @@ constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 
 // sm_90a forward: Q (one 64-row tile per consumer warpgroup), kStages K and V tiles, mbarriers.
 constexpr int sm90_forward_smem_bytes(int D, int consumers, int stages) {
   return (consumers + 2 * stages) * 64 * D * 2 + 8 * (1 + 3 * stages);
+}
+
+// sm_90a dK/dV: K, V, kStages (Q, dO) tile pairs with their lse and Delta, mbarriers.
+constexpr int sm90_dkdv_smem_bytes(int D, int stages) {
+  return (2 + 2 * stages) * 64 * D * 2 + stages * 2 * 64 * 4 + 8 * (1 + 2 * stages);
 }
 
 }  // namespace fva::kern

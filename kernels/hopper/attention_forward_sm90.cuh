@@ -11,9 +11,12 @@
 // per FLOP); VSA's 64-row q blocks each have their own list, so it runs one consumer per block and
 // two blocks per SM, which the SM's warp schedulers interleave (one block's softmax runs under the
 // other's MMAs).
-// Within a consumer, the softmax of a QAT key tile runs in two 32-key sub-tiles (the running max
-// advances as in the CPU reference, see attention_forward.cuh), and the P·V of the first sub-tile
-// runs on the tensor cores while the second's softmax and NVFP4 arithmetic run.
+// Within a consumer, a key tile is S (wgmma), then the softmax of each sub-tile (QAT: two of 32 keys,
+// so the running max advances as in the CPU reference, see attention_forward.cuh; their arithmetic
+// runs together), then the sub-tiles' P·V back to back; the P·V stays in flight while the next
+// tile's S is issued. The output rescale is skipped when no row of a warp raised its max.
+// FlashAttention-3's intra-warpgroup overlap (the next S before this P·V, its softmax under the
+// P·V) was built and measured slower here (VSA 325 against 369 TFLOPS, docs/perf.md), so it is not.
 //
 // Layout and instruction notes: sm90_primitives.cuh. Shared memory (1024-byte aligned regions):
 //     Q [kConsumers tiles] | K [kStages tiles] | V [kStages tiles] | mbarriers
@@ -55,10 +58,7 @@ struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch
   static constexpr int kProducer = 24, kConsumer = 240;
 };
 
-// kOverlapNextS: issue the next tile's S before this tile's P·V (FlashAttention-3's intra-warpgroup
-// overlap; one unquantized 64-key softmax per tile) rather than one tile at a time.
-template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages,
-          bool kOverlapNextS = false>
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = ForwardLayout<D, kConsumers, kStages>;
@@ -252,64 +252,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     if (lane == 0) mbar_arrive(bar_empty(st));
   };
 
-  if constexpr (kOverlapNextS) {
-    // FlashAttention-3's intra-warpgroup overlap (one 64-key softmax per tile): S of tile i + 1 is
-    // issued before P·V of tile i, and tile i + 1's softmax runs while that P·V is on the tensor
-    // cores.
-    static_assert(kSubTiles == 1 && !kQuantizeP, "one unquantized softmax per tile");
-    int tile = sched.first();
-    float alpha[2];
-    if (tile >= 0) {
-      mbar_wait(bar_k(0), 0);
-      issue_s(k_tile(0));
-      wgmma_wait<0>();
-      fence_registers(s_flat);
-      apply_mask(tile);
-      softmax_sub(0, alpha);
-    }
-    while (tile >= 0) {
-      const int next = sched.next(tile);
-      const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
-      const uint32_t next_phase = next_stage == 0 ? phase ^ 1 : phase;
-      if (next >= 0) {
-        mbar_wait(bar_k(next_stage), next_phase);
-        issue_s(k_tile(next_stage));  // s is free: tile i's P is in a_hp
-      }
-      mbar_wait(bar_v(stage), phase);
-      zero_padding(tile, v_tile(stage));
-      rescale(alpha);  // tile i - 1's P·V was waited for at the end of the last iteration
-      issue_pv(v_tile(stage), 0, 4);
-      if (next >= 0) {
-        wgmma_wait<1>();  // S of tile i + 1 (P·V of tile i may still run)
-        fence_registers(s_flat);
-        apply_mask(next);
-        float ss[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) ss[j][e] = s[j][e];
-        uint32_t next_hp[4][4], unused[1][4];
-        online_softmax_step<T, 8, false>(ss, m, l, alpha, p.scale_log2, next_hp, unused,
-                                         BlockScalesOnly{});
-        wgmma_wait<0>();  // P·V of tile i: its A registers may be overwritten now
-        fence_accumulators();
-        keep_alive();
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a_hp[i][e] = next_hp[i][e];
-      } else {
-        wgmma_wait<0>();
-        fence_accumulators();
-        keep_alive();
-      }
-      release(stage);
-      tile = next;
-      stage = next_stage;
-      phase = next_phase;
-    }
-  } else {
-    // One tile at a time: S, then the softmax of every sub-tile (their arithmetic is independent
+  {  // one tile at a time
+    // S, then the softmax of every sub-tile (their arithmetic is independent
     // once the running maxes are known, so the warp has work in flight), then the sub-tiles' P·V
     // back to back (a rescale in between waits for the first). The previous tile's P·V overlaps
     // this tile's S; its stage is released once both are done.

@@ -2,7 +2,7 @@
 // launches on the caller's stream:
 //   [k mean (smooth_k): partial sums, final]  [NVFP4 fake quantization of q, k, v into the workspace]
 //   forward: attention kernel (sm_90: the native one of sm90_forward.h where it applies)
-//   |  backward: Delta, dQ kernel, dK/dV kernel.
+//   |  backward: Delta, dQ kernel, dK/dV kernel (sm_90: the native one where it applies).
 #include <fmt/format.h>
 
 #include <limits>
@@ -11,7 +11,7 @@
 #include "error.h"
 #include "kernel_images.h"
 #include "params.h"
-#include "sm90_forward.h"
+#include "sm90_kernels.h"
 
 namespace fva::cuda {
 namespace {
@@ -182,8 +182,8 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   a.lse = tensor3(lse);
   // sm_90: the Hopper-native forward where it covers the call.
   kern::Sm90ForwardParams native;
-  if (sm90_forward_prepare(h, Sm90Forward::kQat, a, p.D, quantize, p.cfg.p_scale, &native)) {
-    sm90_forward_launch(h, Sm90Forward::kQat, native, p.D, q.dtype, quantize, stream);
+  if (sm90_forward_prepare(h, Sm90Kind::kQat, a, p.D, quantize, p.cfg.p_scale, &native)) {
+    sm90_forward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, quantize, stream);
     return;
   }
   Launch l;
@@ -226,6 +226,11 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
   launch("qat", fmt::format("fva_qat_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
 
+  kern::Sm90BackwardParams native;
+  if (sm90_dkdv_prepare(h, Sm90Kind::kQat, a, p.D, a.quantize_p != 0, p.cfg.p_scale, &native)) {
+    sm90_dkdv_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, stream);
+    return;
+  }
   l.grid_x = blocks_for(p.Skv, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));

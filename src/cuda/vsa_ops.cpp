@@ -9,7 +9,7 @@
 #include "error.h"
 #include "kernel_images.h"
 #include "params.h"
-#include "sm90_forward.h"
+#include "sm90_kernels.h"
 
 namespace fva::cuda {
 namespace {
@@ -128,8 +128,8 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
   a.o = tensor4(o);
   a.lse = tensor3(lse);
   kern::Sm90ForwardParams native;
-  if (sm90_forward_prepare(h, Sm90Forward::kVsa, a, p.D, false, 0, &native)) {
-    sm90_forward_launch(h, Sm90Forward::kVsa, native, p.D, q.dtype, false, stream);
+  if (sm90_forward_prepare(h, Sm90Kind::kVsa, a, p.D, false, 0, &native)) {
+    sm90_forward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, false, stream);
     return;
   }
   Launch l;
@@ -198,6 +198,11 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
   launch("vsa", fmt::format("fva_vsa_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
 
+  kern::Sm90BackwardParams native;
+  if (sm90_dkdv_prepare(h, Sm90Kind::kVsa, a, p.D, false, 0, &native)) {
+    sm90_dkdv_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
+    return;
+  }
   l.grid_x = static_cast<unsigned>(p.num_kv_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));

@@ -1,9 +1,6 @@
-#include "sm90_forward.h"
+#include "sm90_kernels.h"
 
 #include <fmt/format.h>
-
-#include <cstdlib>
-#include <string>
 
 #include "kernel_images.h"
 #include "params.h"
@@ -21,6 +18,7 @@ constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out o
 // Pipeline depth and consumer warpgroups per kind (kernels/CMakeLists.txt instantiates these).
 constexpr int kQatConsumers = 2, kQatStages = 4;
 constexpr int kVsaConsumers = 1, kVsaStages = 3;
+constexpr int kDkdvStages = 2;  // two blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -39,25 +37,23 @@ bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_
                                     kTmaL2Promote128, kTmaZeroFill) == CUDA_SUCCESS;
 }
 
-// A developer's A/B switch between the two VSA mainloop variants (not API; read once).
-const char* vsa_variant() {
-  static const char* v = [] {
-    const char* e = std::getenv("FVATTN_DEV_SM90_VARIANT");
-    return e != nullptr && std::string(e) == "overlap" ? "_overlap" : "";
-  }();
-  return v;
+// The conditions both kernels share; the driver's API when they hold.
+const Api* native_api(const fva_handle& h, Sm90Kind kind, int64_t D, bool quantize_p,
+                      int32_t p_scale) {
+  if (h.kernels != FVA_KERNELS_AUTO || h.image != "sm_90a") return nullptr;
+  if (D != 64 && D != 128) return nullptr;
+  if (kind == Sm90Kind::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return nullptr;
+  const Api* api = cuda::api();
+  return api != nullptr && api->cuTensorMapEncodeTiled != nullptr ? api : nullptr;
 }
 
 }  // namespace
 
-bool sm90_forward_prepare(const fva_handle& h, Sm90Forward kind, const kern::AttentionParams& a,
+bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
                           int64_t D, bool quantize_p, int32_t p_scale,
                           kern::Sm90ForwardParams* params) {
-  if (h.kernels != FVA_KERNELS_AUTO || h.image != "sm_90a") return false;
-  if (D != 64 && D != 128) return false;
-  if (kind == Sm90Forward::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return false;
-  const Api* api = cuda::api();
-  if (api == nullptr || api->cuTensorMapEncodeTiled == nullptr) return false;
+  const Api* api = native_api(h, kind, D, quantize_p, p_scale);
+  if (api == nullptr) return false;
   params->a = a;
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
   // kernels, which read through plain pointers, run the call.
@@ -66,10 +62,10 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Forward kind, const kern::Att
          encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v);
 }
 
-void sm90_forward_launch(const fva_handle& h, Sm90Forward kind, const kern::Sm90ForwardParams& params,
+void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream) {
   const kern::AttentionParams& a = params.a;
-  const bool qat = kind == Sm90Forward::kQat;
+  const bool qat = kind == Sm90Kind::kQat;
   const int consumers = qat ? kQatConsumers : kVsaConsumers;
   const int stages = qat ? kQatStages : kVsaStages;
   Launch l;
@@ -79,7 +75,33 @@ void sm90_forward_launch(const fva_handle& h, Sm90Forward kind, const kern::Sm90
   l.smem = static_cast<size_t>(kern::sm90_forward_smem_bytes(static_cast<int>(D), consumers, stages));
   const std::string name =
       qat ? fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0")
-          : fmt::format("fva_sm90_vsa_fwd_{}_d{}{}", dtype_suffix(dtype), D, vsa_variant());
+          : fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
+  launch("sm90", name.c_str(), h.device, l, stream, params);
+}
+
+bool sm90_dkdv_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
+                       int64_t D, bool quantize_p, int32_t p_scale, kern::Sm90BackwardParams* params) {
+  const Api* api = native_api(h, kind, D, quantize_p, p_scale);
+  if (api == nullptr) return false;
+  params->a = a;
+  return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
+         encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
+         encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v) &&
+         encode(*api, a.dout, a.B, a.Hq, a.Sq, D, &params->dout);
+}
+
+void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
+                      int64_t D, int32_t dtype, void* stream) {
+  const kern::AttentionParams& a = params.a;
+  Launch l;
+  l.grid_x = blocks_for(a.Skv, 64);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hkv);
+  l.block = 256;  // a producer and a consumer warpgroup
+  l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages));
+  const std::string name =
+      kind == Sm90Kind::kQat
+          ? fmt::format("fva_sm90_qat_bwd_dkdv_{}_d{}", dtype_suffix(dtype), D)
+          : fmt::format("fva_sm90_vsa_bwd_dkdv_{}_d{}", dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 

@@ -1,0 +1,35 @@
+// The Hopper-native kernels (kernels/hopper/): when a call may use them, and their launches. QAT
+// attention and VSA ask here first and fall back to the portable kernels when the answer is no:
+// the forward, and the backward's dK/dV (Delta and dQ stay portable).
+#pragma once
+
+#include <cstdint>
+
+#include "common/kernel_params.h"
+#include "handle.h"
+
+namespace fva::cuda {
+
+enum class Sm90Kind { kQat, kVsa };
+
+// Encodes the TMA maps of a.q, a.k, a.v into *params and returns true when the sm_90a forward can
+// run this call: an sm_90 device, a handle that allows native kernels (FVA_KERNELS_AUTO), D 64 or
+// 128, and tensors the TMA can address (the driver accepts their maps). QAT also needs P in block
+// scales or unquantized (its tile and row P scales run on the portable kernel).
+bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
+                          int64_t D, bool quantize_p, int32_t p_scale,
+                          kern::Sm90ForwardParams* params);
+
+// Launches the forward prepared above (asynchronous, on `stream`).
+void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
+                         int64_t D, int32_t dtype, bool quantize_p, void* stream);
+
+// The backward's dK/dV: the same conditions as the forward (QAT: P for dV unquantized or in block
+// scales), with maps of q, k, v and dout. a.delta and the dK/dV outputs must be set.
+bool sm90_dkdv_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
+                       int64_t D, bool quantize_p, int32_t p_scale, kern::Sm90BackwardParams* params);
+// QAT's kernel reads a.quantize_p (FQ_P for dV) at run time.
+void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
+                      int64_t D, int32_t dtype, void* stream);
+
+}  // namespace fva::cuda
