@@ -171,7 +171,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
   }
 
-  int stage = 0;
+  int stage = 0, pending = -1;
   uint32_t phase = 0;
   for (auto c = tiles.first(); c.valid(); c = tiles.next(c)) {
     mbar_wait(bar_full(stage), phase);
@@ -195,6 +195,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     fence_registers(dk);
     fence_registers(dv);
     keep_alive();
+    if (pending >= 0) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(pending));
+    }
 
     // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)); this thread's query columns of the
     // tile are 8j + 2t + {0, 1}.
@@ -247,15 +251,15 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
                         smem_descriptor(q_tile(stage) + step * 2048, L::kRegionBytes, 1024));
     }
     wgmma_commit();
-    // The stage is released once these products are done: at the next tile's wait, or below.
-    wgmma_wait<0>();
-    fence_registers(dk);
-    fence_registers(dv);
-    keep_alive();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(stage));
+    // These products stay in flight under the next tile's Sᵀ and dPᵀ; the stage they read is
+    // released after the wait that covers them (the next tile's, or the one below).
+    pending = stage;
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
+  wgmma_wait<0>();
+  fence_registers(dk);
+  fence_registers(dv);
+  keep_alive();
 
   // dK * scale and dV, rows past the tile's output rows left alone.
   const int rows = sched.output_rows();
