@@ -82,7 +82,9 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     mbar_init(bar_kv, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_full(s), 1 + 32);
-      mbar_init(bar_empty(s), 4);  // one arrival per consumer warp
+      // Every consumer thread arrives: each has read the stage's lse/Delta with plain loads, and
+      // its own arrival (release) is what orders those reads before the producer's next stores.
+      mbar_init(bar_empty(s), 128);
     }
     mbar_fence_init();
   }
@@ -195,10 +197,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     fence_registers(dk);
     fence_registers(dv);
     keep_alive();
-    if (pending >= 0) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_empty(pending));
-    }
+    if (pending >= 0) mbar_arrive(bar_empty(pending));
 
     // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)); this thread's query columns of the
     // tile are 8j + 2t + {0, 1}.
