@@ -107,6 +107,17 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
       int stage = 0;
       uint32_t phase = 0;
       for (auto c = tiles.first(); c.valid(); c = tiles.next(c)) {
+        // The tile's lse and Delta are loaded before the wait for its stage, so their latency
+        // hides under it.
+        float lse[2], delta[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = c.row0 + lane + 32 * i;
+          const bool ok = row < p.Sq;
+          lse[i] = ok ? p.lse.data[b * p.lse.stride_b + c.head * p.lse.stride_h + row * p.lse.stride_s]
+                      : -CUDART_INF_F;
+          delta[i] = ok ? p.delta[(static_cast<int64_t>(b) * p.Hq + c.head) * p.Sq + row] : 0.0f;
+        }
         mbar_wait(bar_empty(stage), phase ^ 1);
         if (lane == 0) {
           mbar_arrive_expect_tx(bar_full(stage), 2 * L::kTileBytes);
@@ -120,13 +131,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
         float* stats = row_stats + stage * 128;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const int row = c.row0 + lane + 32 * i;
-          const bool ok = row < p.Sq;
-          stats[lane + 32 * i] =
-              ok ? p.lse.data[b * p.lse.stride_b + c.head * p.lse.stride_h + row * p.lse.stride_s]
-                 : -CUDART_INF_F;
-          stats[64 + lane + 32 * i] =
-              ok ? p.delta[(static_cast<int64_t>(b) * p.Hq + c.head) * p.Sq + row] : 0.0f;
+          stats[lane + 32 * i] = lse[i];
+          stats[64 + lane + 32 * i] = delta[i];
         }
         mbar_arrive(bar_full(stage));
         if (++stage == kStages) stage = 0, phase ^= 1;
@@ -191,13 +197,16 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
                       smem_descriptor(do_tile(stage) + offset, 16, 1024), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();  // also the previous tile's dV/dK products: their A registers are free
-    fence_registers(st_flat);
-    fence_registers(dpt_flat);
+    // The previous tile's dV/dK products (committed before this tile's Sᵀ/dPᵀ, so done first):
+    // their stage goes back to the producer while Sᵀ/dPᵀ still run.
+    wgmma_wait<1>();
     fence_registers(dk);
     fence_registers(dv);
     keep_alive();
     if (pending >= 0) mbar_arrive(bar_empty(pending));
+    wgmma_wait<0>();
+    fence_registers(st_flat);
+    fence_registers(dpt_flat);
 
     // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)); this thread's query columns of the
     // tile are 8j + 2t + {0, 1}.
