@@ -2,13 +2,11 @@
 //   1. zero the per-(unit, kv block) counts;                       (unit = (b, q head))
 //   2. count the usable entries of every list (atomics on counts: the totals do not depend on order);
 //   3. exclusive prefix sums per unit -> offsets, and a fill cursor;
-//   4. one warp per unit walks its entries in (q block, slot) order and appends each q block to
-//      its kv block's segment, so every segment comes out ascending, in a fixed order. (This
-//      replaced an atomic scatter followed by a per-segment insertion sort, which took 348 us of a
-//      3.5 ms VSA backward at S = 16384 on the H200.)
+//   4. scatter the q block of each entry to its kv block's segment (atomic cursor: any order);
+//   5. sort each segment ascending, which makes the result independent of the scatter's order.
 // The backward reads segments (duplicates kept, one term per listed entry, like the CPU
 // reference); fva_vsa_invert_indices additionally runs
-//   5. emit: each segment without duplicates into k2q_idx (padded with -1) and k2q_num.
+//   6. emit: each segment without duplicates into k2q_idx (padded with -1) and k2q_num.
 #include "common/kernel_params.h"
 #include "vsa/vsa_schedules.cuh"
 
@@ -71,25 +69,33 @@ extern "C" __global__ void fva_vsa_invert_scan(const InvertParams p) {
   off[nkv] = sum;
 }
 
-// One warp per unit, 32 consecutive entries at a time: lanes whose entries name the same kv block
-// (__match_any_sync) take consecutive places in lane order after the places earlier chunks took.
-// Only this warp touches the unit's cursors, so plain reads and writes suffice.
 extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
-  const int64_t unit = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (unit >= units(p)) return;  // whole warps: the block size is a multiple of 32
+  int64_t unit;
+  int qb, kv;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (!entry_at(p, i, unit, qb, kv)) return;
   const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
-  int32_t* cursor = p.cursor + unit * p.lists.num_kv_blocks;
-  int32_t* out = p.entries + unit * per_unit;
-  for (int64_t chunk = 0; chunk < per_unit; chunk += 32) {
-    int64_t u;
-    int qb = 0, kv = -1;
-    const bool ok = chunk + lane < per_unit && entry_at(p, unit * per_unit + chunk + lane, u, qb, kv);
-    const unsigned same = __match_any_sync(0xffffffffu, ok ? kv : -1);
-    if (ok && lane == __ffs(same) - 1) cursor[kv] += __popc(same);
-    __syncwarp();
-    if (ok) out[cursor[kv] - __popc(same) + __popc(same & ((1u << lane) - 1u))] = qb;
-    __syncwarp();  // every lane has read the cursors before the next chunk moves them
+  const int pos = atomicAdd(&p.cursor[unit * p.lists.num_kv_blocks + kv], 1);
+  p.entries[unit * per_unit + pos] = qb;
+}
+
+// One thread per (unit, kv block): insertion sort of its segment (short: at most the number of
+// q blocks times their repeats).
+extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
+  const int nkv = p.lists.num_kv_blocks;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= units(p) * nkv) return;
+  const int64_t unit = i / nkv;
+  const int kv = static_cast<int>(i % nkv);
+  const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
+  const int32_t* off = p.offsets + unit * (nkv + 1);
+  int32_t* seg = p.entries + unit * per_unit + off[kv];
+  const int n = off[kv + 1] - off[kv];
+  for (int a = 1; a < n; ++a) {
+    const int32_t x = seg[a];
+    int c = a - 1;
+    for (; c >= 0 && seg[c] > x; --c) seg[c + 1] = seg[c];
+    seg[c + 1] = x;
   }
 }
 

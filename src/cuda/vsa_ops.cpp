@@ -68,7 +68,7 @@ InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t ma
   return b;
 }
 
-// Launches steps 1-4 of kernels/vsa/vsa_invert.cu (and 5 when ip.k2q_idx is set).
+// Launches steps 1-5 of kernels/vsa/vsa_invert.cu (and 6 when ip.k2q_idx is set).
 void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuffers& b,
                    void* stream) {
   ip.counts = b.counts;
@@ -86,9 +86,10 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   launch("vsa", "fva_vsa_invert_count", h.device, l, stream, ip);
   l.grid_x = blocks_for(units, 256);
   launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
-  l.grid_x = blocks_for(units * 32, 256);  // a warp per unit
+  l.grid_x = blocks_for(per_entry, 256);
   launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
   l.grid_x = blocks_for(per_kv, 256);
+  launch("vsa", "fva_vsa_invert_sort", h.device, l, stream, ip);
   if (ip.k2q_idx != nullptr) launch("vsa", "fva_vsa_invert_emit", h.device, l, stream, ip);
 }
 
