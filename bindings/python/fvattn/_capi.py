@@ -15,6 +15,7 @@ MAX_RANK = 6
 DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_I32, DTYPE_I64 = 1, 2, 3, 4, 5
 DTYPE_SIZES = {DTYPE_BF16: 2, DTYPE_F16: 2, DTYPE_F32: 4, DTYPE_I32: 4, DTYPE_I64: 8}
 BACKEND_AUTO, BACKEND_CUDA, BACKEND_CPU = 0, 1, 2
+KERNELS_AUTO, KERNELS_PORTABLE = 0, 1
 SCALE_BLOCK, SCALE_TILE, SCALE_ROW = 0, 1, 2
 
 
@@ -25,7 +26,7 @@ class Tensor(ctypes.Structure):
 
 class HandleOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_int32), ("device", c_int32),
-                ("deterministic", c_int32)]
+                ("deterministic", c_int32), ("kernels", c_int32)]
 
 
 class HandleInfo(ctypes.Structure):

@@ -1,12 +1,22 @@
 """One library handle per backend and device, created on first use and kept for the process (a
-handle may be shared by threads, fvattn.h says, and creating one queries the device)."""
+handle may be shared by threads, fvattn.h says, and creating one queries the device).
+FVATTN_KERNELS=portable in the environment (read when a handle is created) pins the CUDA handles to
+the portable kernels (FVA_KERNELS_PORTABLE); the default lets the library pick (FVA_KERNELS_AUTO)."""
 import ctypes
+import os
 import threading
 
 from . import _capi
 
 _lock = threading.Lock()
 _handles = {}
+
+
+def _kernels():
+    choice = os.environ.get("FVATTN_KERNELS", "auto")
+    if choice not in ("auto", "portable"):
+        raise ValueError(f"FVATTN_KERNELS={choice!r}: expected 'auto' or 'portable'")
+    return _capi.KERNELS_PORTABLE if choice == "portable" else _capi.KERNELS_AUTO
 
 
 def get(backend, device=-1):
@@ -19,7 +29,7 @@ def get(backend, device=-1):
             lib = _capi.lib()
             opts = _capi.HandleOptions(struct_size=ctypes.sizeof(_capi.HandleOptions),
                                        backend=_capi.BACKEND_CPU if backend == "cpu" else _capi.BACKEND_CUDA,
-                                       device=device, deterministic=0)
+                                       device=device, deterministic=0, kernels=_kernels())
             out = ctypes.c_void_p()
             _capi.check(lib.fva_create(ctypes.byref(out), ctypes.byref(opts)))
             h = _handles[key] = out
