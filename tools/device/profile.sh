@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ncu profile of the attention kernels at the bench shape (B=1, H=8, S=16384, D=128), on the device
 # machine after tools/gpu-check has built build-gpu. Prints, per kernel, the time and the counters
-# that say what bounds it: tensor-pipe (mma.sync: hmma%, wgmma: gmma%), shared-memory and issue
+# that say what bounds it: tensor-pipe (the hmma counter: it also counts wgmma on sm_90), shared-memory and issue
 # utilization, L2 and DRAM throughput, warp instructions, occupancy, bank conflicts, and the main
 # warp stall reasons. Clocks are left alone (--clock-control none).
 #   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384).
@@ -14,7 +14,6 @@ m+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
 m+=,sm__issue_active.avg.pct_of_peak_sustained_active
 m+=,sm__warps_active.avg.pct_of_peak_sustained_active
 m+=,launch__registers_per_thread
-m+=,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
 m+=,lts__throughput.avg.pct_of_peak_sustained_elapsed
 m+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
 m+=,smsp__inst_executed.sum
@@ -39,7 +38,6 @@ short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "bankconf",
          "sm__issue_active.avg.pct_of_peak_sustained_active": "issue%", "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
          "launch__registers_per_thread": "regs",
-         "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "gmma%",
          "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2%",
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
          "smsp__inst_executed.sum": "warp_inst"}
