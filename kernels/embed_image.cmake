@@ -1,19 +1,21 @@
 # Writes OUT: a C++ file holding the SASS fatbin of kernel family FAMILY and, when PTX names one,
 # its PTX fatbin (otherwise a null pointer of size 0), as 8-byte aligned arrays with external linkage,
 # via the CUDA toolkit's bin2c.
-execute_process(COMMAND ${BIN2C} --static --const --name fva_image_${FAMILY}_sass --type longlong ${SASS}
-                OUTPUT_VARIABLE sass RESULT_VARIABLE r1)
-if(NOT r1 EQUAL 0)
-  message(FATAL_ERROR "bin2c failed on ${SASS}")
-endif()
-file(SIZE ${SASS} sass_size)
-if(PTX)
-  execute_process(COMMAND ${BIN2C} --static --const --name fva_image_${FAMILY}_ptx --type longlong ${PTX}
-                  OUTPUT_VARIABLE ptx RESULT_VARIABLE r2)
-  if(NOT r2 EQUAL 0)
-    message(FATAL_ERROR "bin2c failed on ${PTX}")
+# The array `name` holding `file` as C source in `out`, and the file's size in `out`_size.
+function(fva_bin2c name file out)
+  execute_process(COMMAND ${BIN2C} --static --const --name ${name} --type longlong ${file}
+                  OUTPUT_VARIABLE text RESULT_VARIABLE r)
+  if(NOT r EQUAL 0)
+    message(FATAL_ERROR "bin2c failed on ${file}")
   endif()
-  file(SIZE ${PTX} ptx_size)
+  file(SIZE ${file} size)
+  set(${out} "${text}" PARENT_SCOPE)
+  set(${out}_size ${size} PARENT_SCOPE)
+endfunction()
+
+fva_bin2c(fva_image_${FAMILY}_sass ${SASS} sass)
+if(PTX)
+  fva_bin2c(fva_image_${FAMILY}_ptx ${PTX} ptx)
   set(ptx_pointer fva_image_${FAMILY}_ptx)
 else()
   set(ptx "")
