@@ -11,24 +11,17 @@
 namespace fva::cuda {
 
 #if FVATTN_HAVE_KERNEL_IMAGES
+// The fatbins kernels/embed_image.cmake embeds: <family>_sass and <family>_ptx (null: no PTX).
+#define FVA_KERNEL_FAMILY(family) \
+  extern const void* const family##_sass; \
+  extern const void* const family##_ptx;
 namespace images {
-extern const void* const qat_sass;
-extern const std::size_t qat_sass_size;
-extern const void* const qat_ptx;
-extern const std::size_t qat_ptx_size;
-extern const void* const vsa_sass;
-extern const std::size_t vsa_sass_size;
-extern const void* const vsa_ptx;
-extern const std::size_t vsa_ptx_size;
-extern const void* const prep_sass;
-extern const std::size_t prep_sass_size;
-extern const void* const prep_ptx;
-extern const std::size_t prep_ptx_size;
-extern const void* const sm90_sass;
-extern const std::size_t sm90_sass_size;
-extern const void* const sm90_ptx;
-extern const std::size_t sm90_ptx_size;
+FVA_KERNEL_FAMILY(qat)
+FVA_KERNEL_FAMILY(vsa)
+FVA_KERNEL_FAMILY(prep)
+FVA_KERNEL_FAMILY(sm90)  // SASS for sm_90a only, no PTX
 }  // namespace images
+#undef FVA_KERNEL_FAMILY
 #endif
 
 namespace {
@@ -43,7 +36,7 @@ bool family_images(const std::string& name, Family* f) {
   if (name == "qat") *f = {images::qat_sass, images::qat_ptx};
   else if (name == "vsa") *f = {images::vsa_sass, images::vsa_ptx};
   else if (name == "prep") *f = {images::prep_sass, images::prep_ptx};
-  else if (name == "sm90") *f = {images::sm90_sass, images::sm90_ptx};  // SASS for sm_90a only
+  else if (name == "sm90") *f = {images::sm90_sass, images::sm90_ptx};
   else return false;
   return true;
 #else
