@@ -52,6 +52,21 @@ inline void require_kernel_dtype(int32_t dtype, const char* arg) {
     fail(FVA_ERR_UNSUPPORTED, "{}: the CUDA backend runs bf16 and f16 only", arg);
 }
 
+// What every attention kernel instantiation covers: D = 64 or 128, bf16/f16, and at most 65535
+// (batch, head) pairs per launch (the grid's y dimension). FVA_ERR_UNSUPPORTED otherwise.
+inline void require_attention_kernels(int64_t D, int32_t dtype, int64_t batch_heads) {
+  if (D != 64 && D != 128)
+    fail(FVA_ERR_UNSUPPORTED,
+         "q: head dim {} is not supported by the CUDA backend (its kernels cover D = 64 and 128); "
+         "the CPU backend (FVA_BACKEND_CPU, host pointers) runs it",
+         D);
+  require_kernel_dtype(dtype, "q");
+  if (batch_heads > 65535)
+    fail(FVA_ERR_UNSUPPORTED,
+         "q: B * H = {} exceeds the CUDA backend's limit of 65535 (batch x heads per launch)",
+         batch_heads);
+}
+
 inline const char* dtype_suffix(int32_t dtype) { return dtype == FVA_DTYPE_F16 ? "f16" : "bf16"; }
 
 }  // namespace fva::cuda

@@ -141,19 +141,10 @@ kern::AttentionParams prepare(const fva_handle& h, const cpu::QatProblem& p, boo
 }  // namespace
 
 void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
-  if (p.D != 64 && p.D != 128)
-    fail(FVA_ERR_UNSUPPORTED,
-         "q: head dim {} is not supported by the CUDA backend (its kernels cover D = 64 and 128); "
-         "the CPU backend (FVA_BACKEND_CPU, host pointers) runs D = 16, 32, 64, 128 and 256",
-         p.D);
-  require_kernel_dtype(dtype, "q");
+  require_attention_kernels(p.D, dtype, p.B * p.Hq);
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (p.Sq > kMaxInt - 64 || p.Skv > kMaxInt - 64)
     fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 - 65 are not supported by the CUDA backend");
-  if (p.B * p.Hq > 65535)
-    fail(FVA_ERR_UNSUPPORTED,
-         "q: B * H = {} exceeds the CUDA backend's limit of 65535 (batch x heads per launch)",
-         p.B * p.Hq);
 }
 
 size_t qat_forward_workspace(const cpu::QatProblem& p) {

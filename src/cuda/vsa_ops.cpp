@@ -104,14 +104,7 @@ void require_index_size(int64_t units, int64_t nqb, int64_t max_k) {
 }  // namespace
 
 void require_vsa_support(const cpu::VsaProblem& p, int32_t dtype) {
-  if (p.D != 64 && p.D != 128)
-    fail(FVA_ERR_UNSUPPORTED,
-         "q: head dim {} is not supported by the CUDA backend (D = 64 and 128); the CPU backend "
-         "(FVA_BACKEND_CPU, host pointers) runs it",
-         p.D);
-  require_kernel_dtype(dtype, "q");
-  if (p.B * p.Hq > 65535)
-    fail(FVA_ERR_UNSUPPORTED, "q: B * H = {} exceeds the CUDA backend's limit of 65535", p.B * p.Hq);
+  require_attention_kernels(p.D, dtype, p.B * p.Hq);
   if ((p.num_q_blocks + p.num_kv_blocks) * cpu::kVsaBlock > std::numeric_limits<int32_t>::max() - 64)
     fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 are not supported by the CUDA backend");
   require_index_size(p.B * p.Hq, p.num_q_blocks, p.max_k);
