@@ -105,7 +105,8 @@ struct InvertParams {
   int32_t* counts;            // [B * H * num_kv_blocks]
   int32_t* offsets;           // [B * H * (num_kv_blocks + 1)]
   int32_t* cursor;            // [B * H * num_kv_blocks]
-  int32_t* entries;           // [B * H * num_q_blocks * max_k]
+  int32_t* entries;           // [B * H * num_q_blocks * max_k], each segment ascending
+  int32_t* scattered;         // the same, as the fill scattered it (any order within a segment)
   // fva_vsa_invert_indices outputs (null for the backward's internal inverse)
   int32_t* k2q_idx;           // [B, H, num_kv_blocks, num_q_blocks]
   int64_t k2q_stride_b, k2q_stride_h, k2q_stride_kv;

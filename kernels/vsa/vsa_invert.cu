@@ -2,8 +2,10 @@
 //   1. zero the per-(unit, kv block) counts;                       (unit = (b, q head))
 //   2. count the usable entries of every list (atomics on counts: the totals do not depend on order);
 //   3. exclusive prefix sums per unit -> offsets, and a fill cursor;
-//   4. scatter the q block of each entry to its kv block's segment (atomic cursor: any order);
-//   5. sort each segment ascending, which makes the result independent of the scatter's order.
+//   4. scatter the q block of each entry to its kv block's segment of a scratch copy (atomic
+//      cursor: any order);
+//   5. sort each segment into place ascending, one warp per segment (every element's rank counted
+//      against the whole segment), which makes the result independent of the scatter's order.
 // The backward reads segments (duplicates kept, one term per listed entry, like the CPU
 // reference); fva_vsa_invert_indices additionally runs
 //   6. emit: each segment without duplicates into k2q_idx (padded with -1) and k2q_num.
@@ -76,26 +78,34 @@ extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
   if (!entry_at(p, i, unit, qb, kv)) return;
   const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
   const int pos = atomicAdd(&p.cursor[unit * p.lists.num_kv_blocks + kv], 1);
-  p.entries[unit * per_unit + pos] = qb;
+  p.scattered[unit * per_unit + pos] = qb;
 }
 
-// One thread per (unit, kv block): insertion sort of its segment (short: at most the number of
-// q blocks times their repeats).
+// One warp per (unit, kv block): an element's place in the sorted segment is the number of elements
+// below it plus the equal ones before it (stable; duplicates keep distinct places). Lanes read the
+// same scratch element at each step (a broadcast), and the writes go to the separate sorted copy.
+// (This replaced a thread-per-segment insertion sort: 348 us of a 3.5 ms VSA backward on the H200.)
 extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
   const int nkv = p.lists.num_kv_blocks;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= units(p) * nkv) return;
-  const int64_t unit = i / nkv;
-  const int kv = static_cast<int>(i % nkv);
+  const int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (w >= units(p) * nkv) return;
+  const int64_t unit = w / nkv;
+  const int kv = static_cast<int>(w % nkv);
   const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
   const int32_t* off = p.offsets + unit * (nkv + 1);
-  int32_t* seg = p.entries + unit * per_unit + off[kv];
+  const int64_t base = unit * per_unit + off[kv];
   const int n = off[kv + 1] - off[kv];
-  for (int a = 1; a < n; ++a) {
-    const int32_t x = seg[a];
-    int c = a - 1;
-    for (; c >= 0 && seg[c] > x; --c) seg[c + 1] = seg[c];
-    seg[c + 1] = x;
+  const int32_t* in = p.scattered + base;
+  int32_t* out = p.entries + base;
+  for (int i = lane; i < n; i += 32) {
+    const int32_t x = in[i];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) {
+      const int32_t y = in[j];
+      rank += (y < x) || (y == x && j < i);
+    }
+    out[rank] = x;
   }
 }
 

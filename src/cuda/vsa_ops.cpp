@@ -56,7 +56,7 @@ kern::AttentionParams attention_params(const cpu::VsaProblem& p, const fva_tenso
 
 // The inverse's buffers, for `units` = B * H lists of num_q_blocks x max_k entries each.
 struct InverseBuffers {
-  int32_t *counts, *offsets, *cursor, *entries;
+  int32_t *counts, *offsets, *cursor, *entries, *scattered;
 };
 InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t max_k,
                              WorkspaceCarver& c) {
@@ -65,6 +65,7 @@ InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t ma
   b.offsets = c.take<int32_t>(static_cast<size_t>(units * (nkv + 1)));
   b.cursor = c.take<int32_t>(static_cast<size_t>(units * nkv));
   b.entries = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nqb * max_k, 1)));
+  b.scattered = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nqb * max_k, 1)));
   return b;
 }
 
@@ -75,6 +76,7 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   ip.offsets = b.offsets;
   ip.cursor = b.cursor;
   ip.entries = b.entries;
+  ip.scattered = b.scattered;
   const int64_t units = static_cast<int64_t>(ip.B) * ip.H;
   const int64_t per_kv = units * ip.lists.num_kv_blocks;
   const int64_t per_entry = units * ip.lists.num_q_blocks * ip.lists.max_k;
@@ -88,8 +90,9 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
   l.grid_x = blocks_for(per_entry, 256);
   launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
-  l.grid_x = blocks_for(per_kv, 256);
+  l.grid_x = blocks_for(per_kv * 32, 256);  // a warp per segment
   launch("vsa", "fva_vsa_invert_sort", h.device, l, stream, ip);
+  l.grid_x = blocks_for(per_kv, 256);
   if (ip.k2q_idx != nullptr) launch("vsa", "fva_vsa_invert_emit", h.device, l, stream, ip);
 }
 
