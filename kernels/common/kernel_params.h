@@ -69,7 +69,7 @@ struct Sm90ForwardParams {
   TensorMap q, k, v;
 };
 
-// sm_90a dK/dV: the portable parameters plus TMA maps of what it reads tile by tile.
+// The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.
 struct Sm90BackwardParams {
   AttentionParams a;
   TensorMap q, k, v, dout;
@@ -121,9 +121,15 @@ constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                   
 // K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
 constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
 
-// sm_90a forward: Q (one 64-row tile per consumer warpgroup), kStages K and V tiles, mbarriers.
-constexpr int sm90_forward_smem_bytes(int D, int consumers, int stages) {
-  return (consumers + 2 * stages) * 64 * D * 2 + 8 * (1 + 3 * stages);
+// sm_90a forward: query tiles (Q: one 64-row tile per consumer warpgroup), kStages K and V tiles,
+// mbarriers.
+constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
+  return (query_tiles + 2 * stages) * 64 * D * 2 + 8 * (1 + 3 * stages);
+}
+
+// sm_90a dQ: the forward's layout with two query tiles (Q and dO) per consumer warpgroup.
+constexpr int sm90_dq_smem_bytes(int D, int consumers, int stages) {
+  return sm90_forward_smem_bytes(D, 2 * consumers, stages);
 }
 
 // sm_90a dK/dV: K, V, kStages (Q, dO) tile pairs with their lse and Delta, mbarriers.

@@ -19,7 +19,7 @@
 
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
-#include "hopper/sm90_primitives.cuh"
+#include "hopper/query_stream_sm90.cuh"  // zero_tile_rows
 
 namespace fva::dev::sm90 {
 
@@ -151,6 +151,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  // Distinct registers from here: otherwise the compiler lets the zeros share one register and
+  // copies them apart inside the wgmma pipeline, which serializes it (ptxas C7515).
+  fence_registers(dk);
+  fence_registers(dv);
   float st[8][4], dpt[8][4];
   float(&st_flat)[32] = reinterpret_cast<float(&)[32]>(st);
   float(&dpt_flat)[32] = reinterpret_cast<float(&)[32]>(dpt);
@@ -167,16 +171,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     // A ragged VSA block: its padding slots hold the caller's data (NaN included), which dPᵀ would
     // carry into dS through 0 * NaN; zero those rows of K and V. (QAT's keys past Skv are outside
     // the tensor: the TMA already filled them with zeros.)
-    for (int i = tid; i < (64 - n_keys) * L::kRegions * 8; i += 128) {
-      const int row = n_keys + i / (L::kRegions * 8), rest = i % (L::kRegions * 8);
-      const uint32_t offset = (rest / 8) * L::kRegionBytes + row * 128 + (rest % 8) * 16;
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + L::kK + offset), "r"(0)
-                   : "memory");
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + L::kV + offset), "r"(0)
-                   : "memory");
-    }
-    fence_proxy_async();
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
+    zero_tile_rows<L::kRegions>(base + L::kK, n_keys, tid);
+    zero_tile_rows<L::kRegions>(base + L::kV, n_keys, tid);
   }
 
   int stage = 0, pending = -1;
@@ -187,14 +183,14 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss<T, 64>(st_flat, smem_descriptor(base + L::kK + offset, 16, 1024),
-                      smem_descriptor(q_tile(stage) + offset, 16, 1024), kk > 0 ? 1 : 0);
+      wgmma_ss_chain<T, 64>(st_flat, smem_descriptor(base + L::kK + offset, 16, 1024),
+                      smem_descriptor(q_tile(stage) + offset, 16, 1024), kk);
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss<T, 64>(dpt_flat, smem_descriptor(base + L::kV + offset, 16, 1024),
-                      smem_descriptor(do_tile(stage) + offset, 16, 1024), kk > 0 ? 1 : 0);
+      wgmma_ss_chain<T, 64>(dpt_flat, smem_descriptor(base + L::kV + offset, 16, 1024),
+                      smem_descriptor(do_tile(stage) + offset, 16, 1024), kk);
     }
     wgmma_commit();
     // The previous tile's dV/dK products (committed before this tile's Sᵀ/dPᵀ, so done first):

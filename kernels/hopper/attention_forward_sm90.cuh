@@ -18,62 +18,30 @@
 // FlashAttention-3's intra-warpgroup overlap (the next S before this P·V, its softmax under the
 // P·V) was built and measured slower here (VSA 325 against 369 TFLOPS, docs/perf.md), so it is not.
 //
-// Layout and instruction notes: sm90_primitives.cuh. Shared memory (1024-byte aligned regions):
-//     Q [kConsumers tiles] | K [kStages tiles] | V [kStages tiles] | mbarriers
-// with a tile = 64 rows x D in D / 64 swizzled 64-column regions.
+// Layout and instruction notes: sm90_primitives.cuh; the shared-memory ring and its producer:
+// query_stream_sm90.cuh (the query tiles are Q, one per consumer).
 #pragma once
 
 #include <math_constants.h>
 
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
-#include "hopper/sm90_primitives.cuh"
+#include "hopper/query_stream_sm90.cuh"
 
 namespace fva::dev::sm90 {
-
-template <int D, int kConsumers, int kStages>
-struct ForwardLayout {
-  static constexpr int kRegionBytes = 64 * 128;  // 64 rows x 64 16-bit columns
-  static constexpr int kRegions = D / 64;
-  static constexpr int kTileBytes = kRegions * kRegionBytes;
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kConsumers * kTileBytes;
-  static constexpr int kV = kK + kStages * kTileBytes;
-  static constexpr int kBarriers = kV + kStages * kTileBytes;
-  static_assert(kern::sm90_forward_smem_bytes(D, kConsumers, kStages) ==
-                    kBarriers + 8 * (1 + 3 * kStages),
-                "host and device disagree on the shared-memory layout");
-};
-
-// Registers per thread after setmaxnreg: the producer keeps the minimum, the consumers take the
-// rest of the block's share (65536 per SM over kThreads x blocks-per-SM threads).
-template <int kConsumers>
-struct RegisterSplit;
-template <>
-struct RegisterSplit<1> {  // 2 blocks x 256 threads: 128 each at launch
-  static constexpr int kProducer = 24, kConsumer = 232;
-};
-template <>
-struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch
-  static constexpr int kProducer = 24, kConsumer = 240;
-};
 
 template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
-  using L = ForwardLayout<D, kConsumers, kStages>;
+  using L = QueryStreamLayout<D, kConsumers, kStages>;
   using E = typename T::Storage;
   constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
   constexpr int kSubTiles = 64 / kSub;
   constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
   const kern::AttentionParams& p = P.a;
 
-  const uint32_t base = smem_addr(smem);
-  if (base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
-  const uint32_t bar_q = base + L::kBarriers;
-  auto bar_k = [&](int s) { return bar_q + 8 * (1 + s); };
-  auto bar_v = [&](int s) { return bar_q + 8 * (1 + kStages + s); };
-  auto bar_empty = [&](int s) { return bar_q + 8 * (1 + 2 * kStages + s); };
+  const L ring{smem_addr(smem)};
+  if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
 
   const int warpgroup = threadIdx.x / 128;  // 0: producer; 1..kConsumers: consumers
   const int bh = blockIdx.y;
@@ -84,44 +52,15 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // The block's tiles: those its last 64 rows see (causal QAT: a superset of the first rows').
   const Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_k(s), 1);
-      mbar_init(bar_v(s), 1);
-      mbar_init(bar_empty(s), kConsumers * 4);  // one arrival per consumer warp
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
   __syncthreads();
 
   if (warpgroup == 0) {
     // ---- producer ------------------------------------------------------------------------------
     setmaxnreg_dec<RegisterSplit<kConsumers>::kProducer>();
     if (threadIdx.x == 0) {
-      tma_prefetch_descriptor(&P.q);
-      tma_prefetch_descriptor(&P.k);
-      tma_prefetch_descriptor(&P.v);
-      mbar_arrive_expect_tx(bar_q, kConsumers * L::kTileBytes);
-      for (int c = 0; c < kConsumers; ++c)
-        for (int r = 0; r < L::kRegions; ++r)
-          tma_load_4d(base + L::kQ + c * L::kTileBytes + r * L::kRegionBytes, &P.q, bar_q, 64 * r,
-                      q0 + 64 * c, h, b);
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
-        mbar_wait(bar_empty(stage), phase ^ 1);  // a fresh barrier's previous phase counts as done
-        const int k0 = sched.key0(tile);
-        mbar_arrive_expect_tx(bar_k(stage), L::kTileBytes);
-        for (int r = 0; r < L::kRegions; ++r)
-          tma_load_4d(base + L::kK + stage * L::kTileBytes + r * L::kRegionBytes, &P.k,
-                      bar_k(stage), 64 * r, k0, hk, b);
-        mbar_arrive_expect_tx(bar_v(stage), L::kTileBytes);
-        for (int r = 0; r < L::kRegions; ++r)
-          tma_load_4d(base + L::kV + stage * L::kTileBytes + r * L::kRegionBytes, &P.v,
-                      bar_v(stage), 64 * r, k0, hk, b);
-        if (++stage == kStages) stage = 0, phase ^= 1;
-      }
+      const kern::TensorMap* const query[1] = {&P.q};
+      ring.template produce<kConsumers>(query, &P.k, &P.v, sched, q0, h, hk, b);
     }
     return;
   }
@@ -134,7 +73,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   const int row0 = q0 + 64 * c;                  // this consumer's first row
   const int last_row = min(p.Sq, row0 + 64) - 1;  // < row0: every row is past Sq
   const int row_base = row0 + 16 * warp + g;      // this thread's rows: row_base, row_base + 8
-  const uint32_t q_tile = base + L::kQ + c * L::kTileBytes;
+  const uint32_t q_tile = ring.query_tile(c);
 
   float o[D / 2], o_hp[kQuantizeP ? D / 2 : 1];
 #pragma unroll
@@ -150,8 +89,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
   uint32_t a_hp[4][4], a_q[kQuantizeP ? 4 : 1][4];
 
-  auto k_tile = [&](int st) { return base + L::kK + st * L::kTileBytes; };
-  auto v_tile = [&](int st) { return base + L::kV + st * L::kTileBytes; };
+  auto k_tile = [&](int st) { return ring.k_tile(st); };
+  auto v_tile = [&](int st) { return ring.v_tile(st); };
   auto keep_alive = [&]() {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -171,8 +110,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
-                      smem_descriptor(k_smem + offset, 16, 1024), kk > 0 ? 1 : 0);
+      wgmma_ss_chain<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
+                      smem_descriptor(k_smem + offset, 16, 1024), kk);
     }
     wgmma_commit();
   };
@@ -194,28 +133,17 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     if constexpr (Schedule::kPaddedBlocks) {
       static_assert(kConsumers == 1, "only one consumer may rewrite a shared V tile");
       const int n_valid = sched.valid_keys(tile);
-      if (n_valid < 64) {
-        for (int i = tid; i < (64 - n_valid) * L::kRegions * 8; i += 128) {
-          const int row = n_valid + i / (L::kRegions * 8), rest = i % (L::kRegions * 8);
-          const uint32_t addr = v_smem + (rest / 8) * L::kRegionBytes + row * 128 + (rest % 8) * 16;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-        }
-        fence_proxy_async();
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
-      }
+      if (n_valid < 64) zero_tile_rows<L::kRegions>(v_smem, n_valid, tid);
     }
   };
-  // o *= alpha per row, skipped when no row of this warp changed its max (then alpha is exactly 1,
-  // and a multiplication by 1 changes nothing). The accumulators must be complete (waited for).
+  // o *= alpha per row. The accumulators must be complete (waited for).
   auto rescale = [&](const float (&alpha)[2]) {
-    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return false;
     fence_accumulators();
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) {
       o[i] *= alpha[(i >> 1) & 1];
       if constexpr (kQuantizeP) o_hp[i] *= alpha[(i >> 1) & 1];
     }
-    return true;
   };
   // P·V over k16 steps [first, first + count) of the tile's 64 keys (16 keys, 2048 bytes each).
   auto issue_pv = [&](uint32_t v_smem, int first, int count) {
@@ -244,12 +172,12 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     online_softmax_step<T, kNT, kQuantizeP>(ss, m, l, alpha, p.scale_log2, hp, qq, BlockScalesOnly{});
   };
 
-  mbar_wait(bar_q, 0);
+  mbar_wait(ring.bar_query(), 0);
   int stage = 0;
   uint32_t phase = 0;
   auto release = [&](int st) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(st));
+    if (lane == 0) mbar_arrive(ring.bar_empty(st));
   };
 
   {  // one tile at a time
@@ -260,14 +188,14 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     int pending = -1;
     for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
       const bool compute = last_row >= row0 && !sched.beyond(tile, last_row);
-      mbar_wait(bar_k(stage), phase);
+      mbar_wait(ring.bar_k(stage), phase);
       if (compute) issue_s(k_tile(stage));
       wgmma_wait<0>();
       fence_registers(s_flat);
       fence_accumulators();
       keep_alive();
       if (pending >= 0) release(pending);
-      mbar_wait(bar_v(stage), phase);
+      mbar_wait(ring.bar_v(stage), phase);
       if (compute) {
         apply_mask(tile);
         float alpha[kSubTiles][2];
@@ -276,11 +204,15 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
         zero_padding(tile, v_tile(stage));
 #pragma unroll
         for (int sub = 0; sub < kSubTiles; ++sub) {
-          if (sub > 0 && __any_sync(0xffffffffu, alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f)) {
-            wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
-            keep_alive();
+          // Skipped when no row of this warp raised its max: alpha is then exactly 1, and a
+          // multiplication by 1 changes nothing.
+          if (__any_sync(0xffffffffu, alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f)) {
+            if (sub > 0) {
+              wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
+              keep_alive();
+            }
+            rescale(alpha[sub]);
           }
-          rescale(alpha[sub]);
           issue_pv(v_tile(stage), sub * (kNT / 2), kNT / 2);
         }
       }

@@ -212,13 +212,18 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   l.grid_x = blocks_for(p.B * p.Hq * p.Sq, 4);  // a warp per row
   launch("prep", fmt::format("fva_delta_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
 
-  l.grid_x = blocks_for(p.Sq, 64);
-  l.grid_y = static_cast<unsigned>(p.B * p.Hq);
-  l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
-  launch("qat", fmt::format("fva_qat_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
-
+  // sm_90: the Hopper-native dQ, and dK/dV where it covers the P scale mode.
   kern::Sm90BackwardParams native;
-  if (sm90_dkdv_prepare(h, Sm90Kind::kQat, a, p.D, a.quantize_p != 0, p.cfg.p_scale, &native)) {
+  const bool sm90 = sm90_backward_prepare(h, a, p.D, &native);
+  if (sm90) {
+    sm90_dq_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, stream);
+  } else {
+    l.grid_x = blocks_for(p.Sq, 64);
+    l.grid_y = static_cast<unsigned>(p.B * p.Hq);
+    l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
+    launch("qat", fmt::format("fva_qat_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+  }
+  if (sm90 && sm90_dkdv_covers(Sm90Kind::kQat, a.quantize_p != 0, p.cfg.p_scale)) {
     sm90_dkdv_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, stream);
     return;
   }

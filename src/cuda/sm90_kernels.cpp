@@ -18,7 +18,8 @@ constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out o
 // Pipeline depth and consumer warpgroups per kind (kernels/CMakeLists.txt instantiates these).
 constexpr int kQatConsumers = 2, kQatStages = 4;
 constexpr int kVsaConsumers = 1, kVsaStages = 3;
-constexpr int kDkdvStages = 2;  // two blocks per SM
+constexpr int kVsaDqStages = 2;  // dQ: two blocks per SM, each with Q and dO tiles
+constexpr int kDkdvStages = 2;   // two blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -37,12 +38,10 @@ bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_
                                     kTmaL2Promote128, kTmaZeroFill) == CUDA_SUCCESS;
 }
 
-// The conditions both kernels share; the driver's API when they hold.
-const Api* native_api(const fva_handle& h, Sm90Kind kind, int64_t D, bool quantize_p,
-                      int32_t p_scale) {
+// The conditions every native kernel shares; the driver's API when they hold.
+const Api* native_api(const fva_handle& h, int64_t D) {
   if (h.kernels != FVA_KERNELS_AUTO || h.image != "sm_90a") return nullptr;
   if (D != 64 && D != 128) return nullptr;
-  if (kind == Sm90Kind::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return nullptr;
   const Api* api = cuda::api();
   return api != nullptr && api->cuTensorMapEncodeTiled != nullptr ? api : nullptr;
 }
@@ -52,7 +51,8 @@ const Api* native_api(const fva_handle& h, Sm90Kind kind, int64_t D, bool quanti
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
                           int64_t D, bool quantize_p, int32_t p_scale,
                           kern::Sm90ForwardParams* params) {
-  const Api* api = native_api(h, kind, D, quantize_p, p_scale);
+  if (kind == Sm90Kind::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return false;
+  const Api* api = native_api(h, D);
   if (api == nullptr) return false;
   params->a = a;
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
@@ -79,15 +79,35 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 
-bool sm90_dkdv_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
-                       int64_t D, bool quantize_p, int32_t p_scale, kern::Sm90BackwardParams* params) {
-  const Api* api = native_api(h, kind, D, quantize_p, p_scale);
+bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, int64_t D,
+                           kern::Sm90BackwardParams* params) {
+  const Api* api = native_api(h, D);
   if (api == nullptr) return false;
   params->a = a;
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
          encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v) &&
          encode(*api, a.dout, a.B, a.Hq, a.Sq, D, &params->dout);
+}
+
+void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
+                    int64_t D, int32_t dtype, void* stream) {
+  const kern::AttentionParams& a = params.a;
+  const bool qat = kind == Sm90Kind::kQat;
+  const int consumers = qat ? kQatConsumers : kVsaConsumers;
+  const int stages = qat ? kQatStages : kVsaDqStages;
+  Launch l;
+  l.grid_x = blocks_for(a.Sq, 64 * consumers);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.block = static_cast<unsigned>(128 * (1 + consumers));
+  l.smem = static_cast<size_t>(kern::sm90_dq_smem_bytes(static_cast<int>(D), consumers, stages));
+  const std::string name =
+      fmt::format("fva_sm90_{}_bwd_dq_{}_d{}", qat ? "qat" : "vsa", dtype_suffix(dtype), D);
+  launch("sm90", name.c_str(), h.device, l, stream, params);
+}
+
+bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale) {
+  return kind != Sm90Kind::kQat || !quantize_p || p_scale == FVA_SCALE_BLOCK;
 }
 
 void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,

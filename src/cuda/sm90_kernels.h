@@ -1,6 +1,6 @@
 // The Hopper-native kernels (kernels/hopper/): when a call may use them, and their launches. QAT
 // attention and VSA ask here first and fall back to the portable kernels when the answer is no:
-// the forward, and the backward's dK/dV (Delta and dQ stay portable).
+// the forward, and the backward's dQ and dK/dV (the Delta pre-pass stays portable).
 #pragma once
 
 #include <cstdint>
@@ -24,11 +24,20 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream);
 
-// The backward's dK/dV: the same conditions as the forward (QAT: P for dV unquantized or in block
-// scales), with maps of q, k, v and dout. a.delta and the dK/dV outputs must be set.
-bool sm90_dkdv_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
-                       int64_t D, bool quantize_p, int32_t p_scale, kern::Sm90BackwardParams* params);
-// QAT's kernel reads a.quantize_p (FQ_P for dV) at run time.
+// The backward: encodes the TMA maps of a.q, a.k, a.v and a.dout into *params and returns true when
+// the sm_90a backward kernels can run this call (the forward's conditions, any P scale mode: dQ
+// does not quantize P). a.delta and the gradient outputs must be set.
+bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, int64_t D,
+                           kern::Sm90BackwardParams* params);
+
+// dQ, prepared above (asynchronous, on `stream`).
+void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
+                    int64_t D, int32_t dtype, void* stream);
+
+// Whether the sm_90a dK/dV kernel covers the call: QAT's FQ_P for dV only in block scales (tile
+// and row P scales run on the portable kernel).
+bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale);
+// dK/dV, prepared above; QAT's kernel reads a.quantize_p (FQ_P for dV) at run time.
 void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                       int64_t D, int32_t dtype, void* stream);
 

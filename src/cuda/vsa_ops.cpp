@@ -189,16 +189,17 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   l.grid_x = blocks_for(static_cast<int64_t>(a.B) * a.Hq * a.Sq, 4);
   launch("prep", fmt::format("fva_delta_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
 
+  // sm_90: the Hopper-native dQ and dK/dV where they cover the call.
+  kern::Sm90BackwardParams native;
+  if (sm90_backward_prepare(h, a, p.D, &native)) {
+    sm90_dq_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
+    sm90_dkdv_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
+    return;
+  }
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
   l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
   launch("vsa", fmt::format("fva_vsa_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
-
-  kern::Sm90BackwardParams native;
-  if (sm90_dkdv_prepare(h, Sm90Kind::kVsa, a, p.D, false, 0, &native)) {
-    sm90_dkdv_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
-    return;
-  }
   l.grid_x = static_cast<unsigned>(p.num_kv_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));

@@ -1,0 +1,115 @@
+// What the two query-side Hopper kernels (the forward and the backward's dQ) share: a block owns
+// 64 query rows per consumer warpgroup, loads its query-side tiles once (forward: Q; dQ: Q and dO)
+// and streams the K and V tiles its schedule lists through a kStages-deep shared-memory ring,
+// filled by the TMA from one producer thread:
+//     query tiles [kQueryTiles] | K [kStages tiles] | V [kStages tiles] | mbarriers
+// with a tile = 64 rows x D in D / 64 swizzled 64-column regions (1024-byte aligned), and the
+// barriers: query (once), K full [kStages], V full [kStages], stage empty [kStages] (one arrival
+// per consumer warp). K and V have separate full barriers so the S product can start before V lands.
+#pragma once
+
+#include "common/kernel_params.h"
+#include "hopper/sm90_primitives.cuh"
+
+namespace fva::dev::sm90 {
+
+// Registers per thread after setmaxnreg: the producer keeps the minimum, the consumers take the
+// rest of the block's share (65536 per SM over kThreads x blocks-per-SM threads).
+template <int kConsumers>
+struct RegisterSplit;
+template <>
+struct RegisterSplit<1> {  // 2 blocks x 256 threads: 128 each at launch
+  static constexpr int kProducer = 24, kConsumer = 232;
+};
+template <>
+struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch
+  static constexpr int kProducer = 24, kConsumer = 240;
+};
+
+template <int D, int kQueryTiles, int kStages>
+struct QueryStreamLayout {
+  static constexpr int kRegionBytes = 64 * 128;  // 64 rows x 64 16-bit columns
+  static constexpr int kRegions = D / 64;
+  static constexpr int kTileBytes = kRegions * kRegionBytes;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQueryTiles * kTileBytes;
+  static constexpr int kV = kK + kStages * kTileBytes;
+  static constexpr int kBarriers = kV + kStages * kTileBytes;
+  static_assert(kern::sm90_forward_smem_bytes(D, kQueryTiles, kStages) ==
+                    kBarriers + 8 * (1 + 3 * kStages),
+                "host and device disagree on the shared-memory layout");
+
+  uint32_t base;  // the block's dynamic shared memory (1024-byte aligned)
+  __device__ __forceinline__ uint32_t query_tile(int i) const { return base + kQ + i * kTileBytes; }
+  __device__ __forceinline__ uint32_t k_tile(int s) const { return base + kK + s * kTileBytes; }
+  __device__ __forceinline__ uint32_t v_tile(int s) const { return base + kV + s * kTileBytes; }
+  __device__ __forceinline__ uint32_t bar_query() const { return base + kBarriers; }
+  __device__ __forceinline__ uint32_t bar_k(int s) const { return bar_query() + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t bar_v(int s) const {
+    return bar_query() + 8 * (1 + kStages + s);
+  }
+  __device__ __forceinline__ uint32_t bar_empty(int s) const {
+    return bar_query() + 8 * (1 + 2 * kStages + s);
+  }
+
+  // Thread 0, before the block's first __syncthreads.
+  __device__ __forceinline__ void init_barriers(int consumer_warps) const {
+    mbar_init(bar_query(), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_k(s), 1);
+      mbar_init(bar_v(s), 1);
+      mbar_init(bar_empty(s), consumer_warps);
+    }
+    mbar_fence_init();
+  }
+
+  // The producer thread: the query-side tiles (`maps[i]` rows q0 + 64 c, for consumer c, into
+  // query tile i * kConsumers + c), then K and V of every tile the schedule lists, in its order.
+  template <int kConsumers, int kMaps, typename Schedule>
+  __device__ __forceinline__ void produce(const kern::TensorMap* const (&maps)[kMaps],
+                                          const kern::TensorMap* k, const kern::TensorMap* v,
+                                          const Schedule& sched, int q0, int h, int hk,
+                                          int b) const {
+    static_assert(kMaps * kConsumers == kQueryTiles, "one query tile per map and consumer");
+    for (int i = 0; i < kMaps; ++i) tma_prefetch_descriptor(maps[i]);
+    tma_prefetch_descriptor(k);
+    tma_prefetch_descriptor(v);
+    mbar_arrive_expect_tx(bar_query(), kQueryTiles * kTileBytes);
+    for (int i = 0; i < kMaps; ++i)
+      for (int c = 0; c < kConsumers; ++c)
+        for (int r = 0; r < kRegions; ++r)
+          tma_load_4d(query_tile(i * kConsumers + c) + r * kRegionBytes, maps[i], bar_query(),
+                      64 * r, q0 + 64 * c, h, b);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
+      mbar_wait(bar_empty(stage), phase ^ 1);  // a fresh barrier's previous phase counts as done
+      const int k0 = sched.key0(tile);
+      mbar_arrive_expect_tx(bar_k(stage), kTileBytes);
+      for (int r = 0; r < kRegions; ++r)
+        tma_load_4d(k_tile(stage) + r * kRegionBytes, k, bar_k(stage), 64 * r, k0, hk, b);
+      mbar_arrive_expect_tx(bar_v(stage), kTileBytes);
+      for (int r = 0; r < kRegions; ++r)
+        tma_load_4d(v_tile(stage) + r * kRegionBytes, v, bar_v(stage), 64 * r, k0, hk, b);
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+  }
+};
+
+// Rows [first_row, 64) of a shared-memory tile set to zero by one warpgroup (tid = its thread),
+// then made visible to the tensor cores' (async) proxy and to the whole warpgroup. A ragged VSA
+// block's padding rows hold the caller's data, NaN included, which a product would carry through
+// 0 * NaN.
+template <int kRegions>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int first_row, int tid) {
+  constexpr int kRegionBytes = 64 * 128;
+  for (int i = tid; i < (64 - first_row) * kRegions * 8; i += 128) {
+    const int row = first_row + i / (kRegions * 8), rest = i % (kRegions * 8);
+    const uint32_t addr = tile + (rest / 8) * kRegionBytes + row * 128 + (rest % 8) * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+  }
+  fence_proxy_async();
+  asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
+}
+
+}  // namespace fva::dev::sm90
