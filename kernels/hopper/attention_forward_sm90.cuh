@@ -204,9 +204,10 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
         zero_padding(tile, v_tile(stage));
 #pragma unroll
         for (int sub = 0; sub < kSubTiles; ++sub) {
-          // Skipped when no row of this warp raised its max: alpha is then exactly 1, and a
-          // multiplication by 1 changes nothing.
-          if (__any_sync(0xffffffffu, alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f)) {
+          // Skipped when no row of the warpgroup raised its max: alpha is then exactly 1, and a
+          // multiplication by 1 changes nothing. (The vote is the warpgroup's, not the warp's:
+          // the branch holds a wgmma wait, and the whole warpgroup must take it alike.)
+          if (warpgroup_any(alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f, 2 + c)) {
             if (sub > 0) {
               wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
               keep_alive();
