@@ -33,6 +33,50 @@ __device__ __forceinline__ void fake_quantize_values(float (&x)[N], float group_
   for (int i = 0; i < N; ++i) x[i] = nvfp4_fake_quant(grp, x[i]);
 }
 
+// Block-scale FQ_P of P in the dK/dV layout, for a warp's 16 keys x 8 n8 tiles of queries: the
+// group of (tile j, column i) is v[j][i] and v[j][2 + i] of the 8 lanes 4g + t (g = 0..7) that share
+// t. Every lane of a column would otherwise compute all 16 of its groups' scales (the E4M3 rounding
+// and an exact reciprocal each), eight times over. Here the 8 lanes reduce their 16 amaxes by
+// halving exchanges (after the xor-16, -8 and -4 steps, lane g holds the amaxes of groups 2g and
+// 2g + 1, i.e. tile j = g), each computes its two groups' scales once, and every lane fetches the
+// 16 it needs from lane 4j + t. The max of |x| is order-independent (NaN ignored either way), so
+// each group's scale is bitwise the one column_max gives.
+__device__ __forceinline__ void fake_quantize_columns_block(float (&v)[8][4]) {
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  float a[16];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      a[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
+#pragma unroll
+  for (int step = 0; step < 3; ++step) {
+    const int half = 8 >> step, mask = 16 >> step;  // mask: lane bit 4, 3, 2 = bit 2, 1, 0 of g
+    const bool upper = (lane & mask) != 0;          // keeps groups [half, 2 half) of its range
+#pragma unroll
+    for (int k = 0; k < half; ++k) {
+      const float send = upper ? a[k] : a[k + half];
+      const float keep = upper ? a[k + half] : a[k];
+      a[k] = fmaxf(keep, __shfl_xor_sync(full, send, mask));
+    }
+  }
+  const Nvfp4Group mine[2] = {nvfp4_group(a[0], 1.0f, 1.0f), nvfp4_group(a[1], 1.0f, 1.0f)};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int src = 4 * j + (lane & 3);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      Nvfp4Group grp;
+      grp.e4m3 = __shfl_sync(full, mine[i].e4m3, src);
+      grp.dec = 1.0f;
+      grp.reciprocal = __shfl_sync(full, mine[i].reciprocal, src);
+      v[j][i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
+      v[j][2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
+    }
+  }
+}
+
 // Exchanges one float per warp between the two warps of a pair (warps 2i and 2i+1) and returns the
 // max of both. `slots` is shared memory of 2 * 4 floats; `use` counts calls (its parity picks the
 // half, so a fast warp never overwrites a value its partner has yet to read).

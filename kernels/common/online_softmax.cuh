@@ -22,6 +22,10 @@ struct BlockScalesOnly {
   template <int kNT>
   __device__ __forceinline__ void operator()(const float (&)[kNT][4], SecondLevel (&)[2]) const {}
 };
+// The same, with each group's scale computed by one lane of the quad and shared (32-key sub-tiles):
+// fewer instructions, a few more live registers. The sm_90a forward uses it; the portable forward,
+// which holds two m16 tiles per warp and is at its register limit, keeps BlockScalesOnly.
+struct BlockScalesQuadShared : BlockScalesOnly {};
 
 // 2^x with the MUFU unit alone. exp2f adds a range fix-up for results below 2^-126 (subnormal p);
 // flushing those to 0 moves no output (such p are below bf16's resolution next to the row max's 1).
@@ -42,7 +46,8 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
                                                     float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
                                                     uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
                                                     SecondLevelOf&& second_of) {
-  constexpr bool kBlock = std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesOnly>;
+  constexpr bool kBlock = std::is_base_of_v<BlockScalesOnly, std::decay_t<SecondLevelOf>>;
+  constexpr bool kShareScales = std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesQuadShared>;
   float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
@@ -99,6 +104,56 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
     SecondLevel second[2];
     second_of(pr, second);
     // A group: 16 keys of a row = the 4 values each lane of a quad holds in n8 tiles 2kb, 2kb+1.
+    if constexpr (kShareScales) {
+      static_assert(kNT == 4, "quad-shared scales: 32-key sub-tiles (4 groups per quad)");
+      // Block scales over a 32-key sub-tile: the quad's lanes share 4 groups (k = 2 kb + r), and
+      // rather than each lane computing all 4 scales, the quad reduces its amaxes by halving
+      // exchanges (xor 2, then xor 1: lane t ends with group t's amax), each lane computes one
+      // scale, and every lane fetches the 4 it needs. The max of |x| is order-independent, so the
+      // scales are bitwise those of quad_max.
+      const unsigned full = 0xffffffffu;
+      const int lane = threadIdx.x & 31;
+      float a[4];
+#pragma unroll
+      for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float amax = 0.0f;
+          amax = nvfp4_amax_step(amax, pr[2 * kb][2 * r]);
+          amax = nvfp4_amax_step(amax, pr[2 * kb][2 * r + 1]);
+          amax = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r]);
+          a[2 * kb + r] = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r + 1]);
+        }
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const int half = 2 >> step, mask = 2 >> step;
+        const bool upper = (lane & mask) != 0;  // keeps groups [half, 2 half) of its range
+#pragma unroll
+        for (int k = 0; k < half; ++k) {
+          const float send = upper ? a[k] : a[k + half];
+          const float keep = upper ? a[k + half] : a[k];
+          a[k] = fmaxf(keep, __shfl_xor_sync(full, send, mask));
+        }
+      }
+      const Nvfp4Group mine = nvfp4_group(a[0], 1.0f, 1.0f);
+#pragma unroll
+      for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int src = (lane & ~3) | (2 * kb + r);
+          Nvfp4Group grp;
+          grp.e4m3 = __shfl_sync(full, mine.e4m3, src);
+          grp.dec = 1.0f;
+          grp.reciprocal = __shfl_sync(full, mine.reciprocal, src);
+          float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
+                        pr[2 * kb + 1][2 * r + 1]};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
+          a_q[kb][r] = T::pack(x[0], x[1]);
+          a_q[kb][2 + r] = T::pack(x[2], x[3]);
+        }
+      return;
+    }
 #pragma unroll
     for (int kb = 0; kb < kNT / 2; ++kb) {
 #pragma unroll

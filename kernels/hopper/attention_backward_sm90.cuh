@@ -231,18 +231,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     }
     // What dV multiplies: FQ_P(P), block scales (a group: this warp's 16 keys of one query
     // column), or P itself.
-    if (kQuantizeP && p.quantize_p) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float amax =
-              column_max(nvfp4_amax_step(nvfp4_amax_step(0.0f, st[j][i]), st[j][2 + i]));
-          const Nvfp4Group grp = nvfp4_group(amax, 1.0f, 1.0f);
-          st[j][i] = nvfp4_fake_quant_nonneg_block(grp, st[j][i]);
-          st[j][2 + i] = nvfp4_fake_quant_nonneg_block(grp, st[j][2 + i]);
-        }
-    }
+    if (kQuantizeP && p.quantize_p) fake_quantize_columns_block(st);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       a_p[j / 2][(j & 1) * 2 + 0] = T::pack(st[j][0], st[j][1]);
