@@ -46,6 +46,38 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
   if (lane == 0) p.delta[row] = sum;
 }
 
+// ---- the two products both kernels start a tile with -----------------------------------------------
+
+// x = A0 B0ᵀ and y = A1 B1ᵀ for the warp's 16 rows of the A tiles (from a_row) against the first
+// 16 NP columns of the B tiles, reduced over D: dQ's S = Q Kᵀ and dP = dO Vᵀ (rows: queries), and
+// dK/dV's Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (rows: keys). Both pairs share their A row and B column, so
+// one ldmatrix of each serves two mma.
+template <typename T, int D, int NP, typename ATile, typename BTile>
+__device__ __forceinline__ void two_products(float (&x)[2 * NP][4], float (&y)[2 * NP][4],
+                                             const ATile& a0, const ATile& a1, const BTile& b0,
+                                             const BTile& b1, int a_row, int lane) {
+#pragma unroll
+  for (int j = 0; j < 2 * NP; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[j][e] = y[j][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t ax[4], ay[4];
+    ldmatrix_x4(ax, a0.a_operand(a_row, kk * 16, lane));
+    ldmatrix_x4(ay, a1.a_operand(a_row, kk * 16, lane));
+#pragma unroll
+    for (int np = 0; np < NP; ++np) {
+      uint32_t bx[4], by[4];
+      ldmatrix_x4(bx, b0.b_operand(np * 16, kk * 16, lane));
+      ldmatrix_x4(by, b1.b_operand(np * 16, kk * 16, lane));
+      mma_16816<T>(x[2 * np], ax, bx[0], bx[1]);
+      mma_16816<T>(x[2 * np + 1], ax, bx[2], bx[3]);
+      mma_16816<T>(y[2 * np], ay, by[0], by[1]);
+      mma_16816<T>(y[2 * np + 1], ay, by[2], by[3]);
+    }
+  }
+}
+
 // ---- dQ -----------------------------------------------------------------------------------------
 
 template <typename T, int D, typename Schedule>
@@ -111,26 +143,7 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
     cp_async_commit();
 
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t aq[4], ad[4];
-      ldmatrix_x4(aq, sq.a_operand(warp * 16, kk * 16, lane));
-      ldmatrix_x4(ad, sdo.a_operand(warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t bk[4], bv[4];
-        ldmatrix_x4(bk, sk[buf].b_operand(np * 16, kk * 16, lane));
-        ldmatrix_x4(bv, sv[buf].b_operand(np * 16, kk * 16, lane));
-        mma_16816<T>(s[2 * np], aq, bk[0], bk[1]);
-        mma_16816<T>(s[2 * np + 1], aq, bk[2], bk[3]);
-        mma_16816<T>(dp[2 * np], ad, bv[0], bv[1]);
-        mma_16816<T>(dp[2 * np + 1], ad, bv[2], bv[3]);
-      }
-    }
+    two_products<T, D, 4>(s, dp, sq, sdo, sk[buf], sv[buf], warp * 16, lane);
 
     const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
     // dS in the accumulator layout, then as A operands (k = keys) of dQ += dS K.
@@ -285,26 +298,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys x the tile's 32 queries.
     float st[4][4], dpt[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4], av[4];
-      ldmatrix_x4(ak, sk.a_operand(warp * 16, kk * 16, lane));
-      ldmatrix_x4(av, sv.a_operand(warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t bq[4], bd[4];
-        ldmatrix_x4(bq, sq[buf].b_operand(np * 16, kk * 16, lane));
-        ldmatrix_x4(bd, sdo[buf].b_operand(np * 16, kk * 16, lane));
-        mma_16816<T>(st[2 * np], ak, bq[0], bq[1]);
-        mma_16816<T>(st[2 * np + 1], ak, bq[2], bq[3]);
-        mma_16816<T>(dpt[2 * np], av, bd[0], bd[1]);
-        mma_16816<T>(dpt[2 * np + 1], av, bd[2], bd[3]);
-      }
-    }
+    two_products<T, D, 2>(st, dpt, sk, sv, sq[buf], sdo[buf], warp * 16, lane);
 
     // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)).
     const float* lse_t = s_lse + buf * 32;
