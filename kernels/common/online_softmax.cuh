@@ -152,26 +152,26 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
           a_q[kb][r] = T::pack(x[0], x[1]);
           a_q[kb][2 + r] = T::pack(x[2], x[3]);
         }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int kb = 0; kb < kNT / 2; ++kb) {
+      for (int kb = 0; kb < kNT / 2; ++kb) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
-                      pr[2 * kb + 1][2 * r + 1]};
-        float amax = 0.0f;
+        for (int r = 0; r < 2; ++r) {
+          float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
+                        pr[2 * kb + 1][2 * r + 1]};
+          float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) amax = nvfp4_amax_step(amax, x[i]);
-        if constexpr (kBlock) {
-          const Nvfp4Group grp = nvfp4_group(quad_max(amax), 1.0f, 1.0f);
+          for (int i = 0; i < 4; ++i) amax = nvfp4_amax_step(amax, x[i]);
+          if constexpr (kBlock) {
+            const Nvfp4Group grp = nvfp4_group(quad_max(amax), 1.0f, 1.0f);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
-        } else {
-          fake_quantize_values(x, quad_max(amax), second[r]);
+            for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
+          } else {
+            fake_quantize_values(x, quad_max(amax), second[r]);
+          }
+          a_q[kb][r] = T::pack(x[0], x[1]);
+          a_q[kb][2 + r] = T::pack(x[2], x[3]);
         }
-        a_q[kb][r] = T::pack(x[0], x[1]);
-        a_q[kb][2 + r] = T::pack(x[2], x[3]);
       }
     }
   }
