@@ -134,6 +134,27 @@ __device__ __forceinline__ float column_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
 }
+// Max reduce-scatter over the lanes that differ in the lane bits kFirstMask, kFirstMask / 2, ...,
+// kFirstMask >> (kSteps - 1): each holds G values (one per group), and after the halving
+// exchanges each holds the G >> kSteps groups of its part, a[0 .. G >> kSteps), the reduced
+// max over those lanes. With the steps in that order a lane whose bits of the masks, read from the
+// first, form the number k keeps groups [k (G >> kSteps), (k + 1) (G >> kSteps)).
+template <int G, int kSteps, int kFirstMask>
+__device__ __forceinline__ void halving_max(float (&a)[G]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int half = (G / 2) >> step, mask = kFirstMask >> step;
+    const bool upper = (lane & mask) != 0;  // keeps groups [half, 2 half) of its current range
+#pragma unroll
+    for (int k = 0; k < half; ++k) {
+      const float send = upper ? a[k] : a[k + half];
+      const float keep = upper ? a[k + half] : a[k];
+      a[k] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, mask));
+    }
+  }
+}
+
 __device__ __forceinline__ float warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;

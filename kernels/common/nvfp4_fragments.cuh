@@ -50,17 +50,7 @@ __device__ __forceinline__ void fake_quantize_columns_block(float (&v)[8][4]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       a[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
-#pragma unroll
-  for (int step = 0; step < 3; ++step) {
-    const int half = 8 >> step, mask = 16 >> step;  // mask: lane bit 4, 3, 2 = bit 2, 1, 0 of g
-    const bool upper = (lane & mask) != 0;          // keeps groups [half, 2 half) of its range
-#pragma unroll
-    for (int k = 0; k < half; ++k) {
-      const float send = upper ? a[k] : a[k + half];
-      const float keep = upper ? a[k + half] : a[k];
-      a[k] = fmaxf(keep, __shfl_xor_sync(full, send, mask));
-    }
-  }
+  halving_max<16, 3, 16>(a);  // lane bits 4, 3, 2: g's bits 2, 1, 0
   const Nvfp4Group mine[2] = {nvfp4_group(a[0], 1.0f, 1.0f), nvfp4_group(a[1], 1.0f, 1.0f)};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {

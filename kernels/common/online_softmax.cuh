@@ -124,17 +124,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
           amax = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r]);
           a[2 * kb + r] = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r + 1]);
         }
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        const int half = 2 >> step, mask = 2 >> step;
-        const bool upper = (lane & mask) != 0;  // keeps groups [half, 2 half) of its range
-#pragma unroll
-        for (int k = 0; k < half; ++k) {
-          const float send = upper ? a[k] : a[k + half];
-          const float keep = upper ? a[k + half] : a[k];
-          a[k] = fmaxf(keep, __shfl_xor_sync(full, send, mask));
-        }
-      }
+      halving_max<4, 2, 2>(a);  // lane bits 1, 0: t
       const Nvfp4Group mine = nvfp4_group(a[0], 1.0f, 1.0f);
 #pragma unroll
       for (int kb = 0; kb < 2; ++kb)
