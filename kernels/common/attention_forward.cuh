@@ -179,11 +179,10 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
             if (!sched.visible(row_base + 8 * (e >> 1), k0 + slot, slot, n_valid))
               s[mt][j][e] = Schedule::kMaskedLogit;
           }
-        // Second-level P scales of the tile and row modes (chosen at run time unless kBlockP).
+        // Second-level P scales of the tile and row modes, chosen at run time (block scales, and
+        // every kBlockP kernel, keep enc = dec = 1).
         auto second_of = [&](const float (&pr)[kNT][4], SecondLevel (&second)[2]) {
-          if (kBlockP) {
-            // block scales: enc = dec = 1
-          } else if (p.p_scale == 2) {  // row: rowmax of p over the sub-tile's real keys
+          if (p.p_scale == 2) {  // row: rowmax of p over the sub-tile's real keys
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               float rmax = 0.0f;

@@ -33,6 +33,16 @@ __device__ __forceinline__ void fake_quantize_values(float (&x)[N], float group_
   for (int i = 0; i < N; ++i) x[i] = nvfp4_fake_quant(grp, x[i]);
 }
 
+// A block-scale group (dec = 1) whose scale lane `src` computed (`mine` there), for every lane:
+// the groups a lane's values belong to are computed once and handed out by shuffles.
+__device__ __forceinline__ Nvfp4Group nvfp4_block_group_from(const Nvfp4Group& mine, int src) {
+  Nvfp4Group grp;
+  grp.e4m3 = __shfl_sync(0xffffffffu, mine.e4m3, src);
+  grp.dec = 1.0f;
+  grp.reciprocal = __shfl_sync(0xffffffffu, mine.reciprocal, src);
+  return grp;
+}
+
 // Block-scale FQ_P of P in the dK/dV layout, for a warp's 16 keys x 8 n8 tiles of queries: the
 // group of (tile j, column i) is v[j][i] and v[j][2 + i] of the 8 lanes 4g + t (g = 0..7) that share
 // t. Every lane of a column would otherwise compute all 16 of its groups' scales (the E4M3 rounding
@@ -42,7 +52,6 @@ __device__ __forceinline__ void fake_quantize_values(float (&x)[N], float group_
 // 16 it needs from lane 4j + t. The max of |x| is order-independent (NaN ignored either way), so
 // each group's scale is bitwise the one column_max gives.
 __device__ __forceinline__ void fake_quantize_columns_block(float (&v)[8][4]) {
-  const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   float a[16];
 #pragma unroll
@@ -57,10 +66,7 @@ __device__ __forceinline__ void fake_quantize_columns_block(float (&v)[8][4]) {
     const int src = 4 * j + (lane & 3);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      Nvfp4Group grp;
-      grp.e4m3 = __shfl_sync(full, mine[i].e4m3, src);
-      grp.dec = 1.0f;
-      grp.reciprocal = __shfl_sync(full, mine[i].reciprocal, src);
+      const Nvfp4Group grp = nvfp4_block_group_from(mine[i], src);
       v[j][i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
       v[j][2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
     }

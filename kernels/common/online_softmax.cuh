@@ -111,7 +111,6 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
       // exchanges (xor 2, then xor 1: lane t ends with group t's amax), each lane computes one
       // scale, and every lane fetches the 4 it needs. The max of |x| is order-independent, so the
       // scales are bitwise those of quad_max.
-      const unsigned full = 0xffffffffu;
       const int lane = threadIdx.x & 31;
       float a[4];
 #pragma unroll
@@ -130,11 +129,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
       for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int src = (lane & ~3) | (2 * kb + r);
-          Nvfp4Group grp;
-          grp.e4m3 = __shfl_sync(full, mine.e4m3, src);
-          grp.dec = 1.0f;
-          grp.reciprocal = __shfl_sync(full, mine.reciprocal, src);
+          const Nvfp4Group grp = nvfp4_block_group_from(mine, (lane & ~3) | (2 * kb + r));
           float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
                         pr[2 * kb + 1][2 * r + 1]};
 #pragma unroll
