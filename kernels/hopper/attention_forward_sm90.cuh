@@ -14,7 +14,7 @@
 // Within a consumer, a key tile is S (wgmma), then the softmax of each sub-tile (QAT: two of 32 keys,
 // so the running max advances as in the CPU reference, see attention_forward.cuh; their arithmetic
 // runs together), then the sub-tiles' P·V back to back; the P·V stays in flight while the next
-// tile's S is issued. The output rescale is skipped when no row of a warp raised its max.
+// tile's S is issued. The output rescale is skipped when no row of the warpgroup raised its max.
 // FlashAttention-3's intra-warpgroup overlap (the next S before this P·V, its softmax under the
 // P·V) was built and measured slower here (VSA 325 against 369 TFLOPS, docs/perf.md), so it is not.
 //

@@ -46,6 +46,17 @@ const Api* native_api(const fva_handle& h, int64_t D) {
   return api != nullptr && api->cuTensorMapEncodeTiled != nullptr ? api : nullptr;
 }
 
+// The launch of a query-side kernel (the forward, dQ): a block per 64 x `consumers` query rows of
+// every (b, q head), a producer warpgroup beside the consumers.
+Launch query_side_launch(const kern::AttentionParams& a, int consumers, int smem_bytes) {
+  Launch l;
+  l.grid_x = blocks_for(a.Sq, 64 * consumers);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.block = static_cast<unsigned>(128 * (1 + consumers));
+  l.smem = static_cast<size_t>(smem_bytes);
+  return l;
+}
+
 }  // namespace
 
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
@@ -68,11 +79,8 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   const bool qat = kind == Sm90Kind::kQat;
   const int consumers = qat ? kQatConsumers : kVsaConsumers;
   const int stages = qat ? kQatStages : kVsaStages;
-  Launch l;
-  l.grid_x = blocks_for(a.Sq, 64 * consumers);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
-  l.block = static_cast<unsigned>(128 * (1 + consumers));
-  l.smem = static_cast<size_t>(kern::sm90_forward_smem_bytes(static_cast<int>(D), consumers, stages));
+  const Launch l = query_side_launch(
+      a, consumers, kern::sm90_forward_smem_bytes(static_cast<int>(D), consumers, stages));
   const std::string name =
       qat ? fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0")
           : fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
@@ -96,11 +104,8 @@ void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backward
   const bool qat = kind == Sm90Kind::kQat;
   const int consumers = qat ? kQatConsumers : kVsaConsumers;
   const int stages = qat ? kQatStages : kVsaDqStages;
-  Launch l;
-  l.grid_x = blocks_for(a.Sq, 64 * consumers);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
-  l.block = static_cast<unsigned>(128 * (1 + consumers));
-  l.smem = static_cast<size_t>(kern::sm90_dq_smem_bytes(static_cast<int>(D), consumers, stages));
+  const Launch l = query_side_launch(
+      a, consumers, kern::sm90_dq_smem_bytes(static_cast<int>(D), consumers, stages));
   const std::string name =
       fmt::format("fva_sm90_{}_bwd_dq_{}_d{}", qat ? "qat" : "vsa", dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device, l, stream, params);
