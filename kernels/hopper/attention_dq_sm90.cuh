@@ -125,40 +125,38 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     wgmma_wait<0>();
     fence_registers(s_flat);
     fence_registers(dp_flat);
-    {
-      const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-      const bool unmasked = sched.unmasked(tile, row0);
+    const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
+    const bool unmasked = sched.unmasked(tile, row0);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float ds[4];
+    for (int j = 0; j < 8; ++j) {
+      float ds[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
-          // Masked entries are selected away (never multiplied): a ragged block's padding slots
-          // may hold NaN in S and dP.
-          const bool vis = (lse[r] != -CUDART_INF_F) &
-                           (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
-          const float pv = fast_exp2(__fmul_rn(s[j][e], p.scale_log2) - lse[r]);
-          ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
-          ds_sum[r] += ds[e];
-        }
-        a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-        a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+      for (int e = 0; e < 4; ++e) {
+        const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
+        // Masked entries are selected away (never multiplied): a ragged block's padding slots
+        // may hold NaN in S and dP.
+        const bool vis = (lse[r] != -CUDART_INF_F) &
+                         (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
+        const float pv = fast_exp2(__fmul_rn(s[j][e], p.scale_log2) - lse[r]);
+        ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
+        ds_sum[r] += ds[e];
       }
-      if constexpr (Schedule::kPaddedBlocks) {
-        // dS is 0 at the padding slots, but 0 * NaN is not: those rows of K become zeros before
-        // dS K reads them (S, which also read them, is complete).
-        static_assert(kConsumers == 1, "only one consumer may rewrite a shared K tile");
-        if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
-      }
-      // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < 4; ++step)
-        wgmma_rs_mn<T, D>(dq, a_ds[step],
-                          smem_descriptor(ring.k_tile(stage) + step * 2048, L::kRegionBytes, 1024));
-      wgmma_commit();
+      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
+      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
     }
+    if constexpr (Schedule::kPaddedBlocks) {
+      // dS is 0 at the padding slots, but 0 * NaN is not: those rows of K become zeros before
+      // dS K reads them (S, which also read them, is complete).
+      static_assert(kConsumers == 1, "only one consumer may rewrite a shared K tile");
+      if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
+    }
+    // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
+    wgmma_fence();
+#pragma unroll
+    for (int step = 0; step < 4; ++step)
+      wgmma_rs_mn<T, D>(dq, a_ds[step],
+                        smem_descriptor(ring.k_tile(stage) + step * 2048, L::kRegionBytes, 1024));
+    wgmma_commit();
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
   wgmma_wait<0>();
