@@ -183,12 +183,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     // their P and dS operand registers are free: the four products in flight at once need more
     // registers than the consumer has (ptxas then serializes them, C7512).
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss_chain<T, 64>(st_flat, smem_descriptor(base + L::kK + offset, 16, 1024),
-                            smem_descriptor(q_tile(stage) + offset, 16, 1024), kk);
-    }
+    wgmma_tiles_abt<T, D>(st_flat, base + L::kK, q_tile(stage));
     wgmma_commit();
     // The previous tile's dV/dK products (committed before this tile's Sᵀ, so done first): their
     // stage goes back to the producer.
@@ -198,12 +193,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     keep_alive();
     if (pending >= 0) mbar_arrive(bar_empty(pending));
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss_chain<T, 64>(dpt_flat, smem_descriptor(base + L::kV + offset, 16, 1024),
-                            smem_descriptor(do_tile(stage) + offset, 16, 1024), kk);
-    }
+    wgmma_tiles_abt<T, D>(dpt_flat, base + L::kV, do_tile(stage));
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(st_flat);

@@ -107,12 +107,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // S = Q Kᵀ: D / 16 k16 steps, 32 bytes apart within a 128-byte row, 4 steps per region.
   auto issue_s = [&](uint32_t k_smem) {
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss_chain<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
-                      smem_descriptor(k_smem + offset, 16, 1024), kk);
-    }
+    wgmma_tiles_abt<T, D>(s_flat, q_tile, k_smem);
     wgmma_commit();
   };
   auto apply_mask = [&](int tile) {

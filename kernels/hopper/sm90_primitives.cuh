@@ -239,4 +239,17 @@ __device__ __forceinline__ void wgmma_ss_chain(float (&d)[N / 2], uint64_t a_des
     wgmma_ss<T, N>(d, a_desc, b_desc, 1);
 }
 
+// d = A Bᵀ over D for two 64-row tiles in shared memory, both K-major (64 rows x D, in D / 64
+// swizzled 64-column regions of 8192 bytes): D / 16 k16 steps, 32 bytes apart within a 128-byte
+// row, 4 steps per region. S = Q Kᵀ and dP = dO Vᵀ (forward, dQ), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (dK/dV).
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile, uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t offset = (kk / 4) * (64 * 128) + (kk % 4) * 32;
+    wgmma_ss_chain<T, 64>(d, smem_descriptor(a_tile + offset, 16, 1024),
+                          smem_descriptor(b_tile + offset, 16, 1024), kk);
+  }
+}
+
 }  // namespace fva::dev::sm90
