@@ -30,11 +30,49 @@
 
 namespace fva::dev::sm90 {
 
+// The forward's epilogue for a thread's two rows (row_base, row_base + 8; columns 8j + 2t + {0, 1}):
+// o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA) gets o = 0 and
+// lse = -inf. Rows past Sq are not written.
+template <typename T, int D, bool kQuantizeP>
+__device__ __forceinline__ void store_forward_outputs(const kern::AttentionParams& p, int b, int h,
+                                                      int row_base, int t, const float (&o)[D / 2],
+                                                      const float (&o_hp)[kQuantizeP ? D / 2 : 1],
+                                                      const float (&m)[2], const float (&l)[2]) {
+  using E = typename T::Storage;
+  E* og = static_cast<E*>(p.o.data) + b * p.o.stride_b + h * p.o.stride_h;
+  E* hg = p.o_hp.data != nullptr
+              ? static_cast<E*>(p.o_hp.data) + b * p.o_hp.stride_b + h * p.o_hp.stride_h
+              : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    if (row >= p.Sq) continue;
+    const bool any = l[r] > 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = j * 8 + 2 * t;
+      const float a = any ? __fdiv_rn(o[4 * j + 2 * r], l[r]) : 0.0f;
+      const float bb = any ? __fdiv_rn(o[4 * j + 2 * r + 1], l[r]) : 0.0f;
+      *reinterpret_cast<uint32_t*>(og + row * p.o.stride_s + col) = T::pack(a, bb);
+      if (hg != nullptr) {
+        float ha = a, hb = bb;
+        if constexpr (kQuantizeP) {
+          ha = any ? __fdiv_rn(o_hp[4 * j + 2 * r], l[r]) : 0.0f;
+          hb = any ? __fdiv_rn(o_hp[4 * j + 2 * r + 1], l[r]) : 0.0f;
+        }
+        *reinterpret_cast<uint32_t*>(hg + row * p.o_hp.stride_s + col) = T::pack(ha, hb);
+      }
+    }
+    if (t == 0)
+      p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
+          any ? m[r] + log2f(l[r]) : -CUDART_INF_F;
+  }
+}
+
 template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = QueryStreamLayout<D, kConsumers, kStages>;
-  using E = typename T::Storage;
   constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
   constexpr int kSubTiles = 64 / kSub;
   constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
@@ -220,36 +258,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     keep_alive();
   }
 
-  // ---- epilogue: o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA)
-  // gets o = 0 and lse = -inf.
-  E* og = static_cast<E*>(p.o.data) + b * p.o.stride_b + h * p.o.stride_h;
-  E* hg = p.o_hp.data != nullptr
-              ? static_cast<E*>(p.o_hp.data) + b * p.o_hp.stride_b + h * p.o_hp.stride_h
-              : nullptr;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + 8 * r;
-    if (row >= p.Sq) continue;
-    const bool any = l[r] > 0.0f;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int col = j * 8 + 2 * t;
-      const float a = any ? __fdiv_rn(o[4 * j + 2 * r], l[r]) : 0.0f;
-      const float bb = any ? __fdiv_rn(o[4 * j + 2 * r + 1], l[r]) : 0.0f;
-      *reinterpret_cast<uint32_t*>(og + row * p.o.stride_s + col) = T::pack(a, bb);
-      if (hg != nullptr) {
-        float ha = a, hb = bb;
-        if constexpr (kQuantizeP) {
-          ha = any ? __fdiv_rn(o_hp[4 * j + 2 * r], l[r]) : 0.0f;
-          hb = any ? __fdiv_rn(o_hp[4 * j + 2 * r + 1], l[r]) : 0.0f;
-        }
-        *reinterpret_cast<uint32_t*>(hg + row * p.o_hp.stride_s + col) = T::pack(ha, hb);
-      }
-    }
-    if (t == 0)
-      p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
-          any ? m[r] + log2f(l[r]) : -CUDART_INF_F;
-  }
+  store_forward_outputs<T, D, kQuantizeP>(p, b, h, row_base, t, o, o_hp, m, l);
 }
 
 }  // namespace fva::dev::sm90

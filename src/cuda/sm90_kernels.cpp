@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernel_images.h"
 #include "params.h"
 
@@ -73,10 +76,27 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
          encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v);
 }
 
+// EXPERIMENTAL (branch wip/vsa-compact-fwd): FVATTN_EXPERIMENT=vsa-compact picks the compact VSA
+// forward (attention_forward_compact_sm90.cuh), for an A/B measurement in one device run.
+static bool vsa_compact_forward() {
+  const char* e = std::getenv("FVATTN_EXPERIMENT");
+  return e != nullptr && std::strstr(e, "vsa-compact") != nullptr;
+}
+
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream) {
   const kern::AttentionParams& a = params.a;
   const bool qat = kind == Sm90Kind::kQat;
+  if (!qat && vsa_compact_forward()) {
+    Launch l;
+    l.grid_x = blocks_for(a.Sq, 64);
+    l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+    l.block = 128;
+    l.smem = static_cast<size_t>(kern::sm90_compact_forward_smem_bytes(static_cast<int>(D)));
+    const std::string name = fmt::format("fva_sm90_vsa_fwd_compact_{}_d{}", dtype_suffix(dtype), D);
+    launch("sm90", name.c_str(), h.device, l, stream, params);
+    return;
+  }
   const int consumers = qat ? kQatConsumers : kVsaConsumers;
   const int stages = qat ? kQatStages : kVsaStages;
   const Launch l = query_side_launch(
