@@ -127,8 +127,9 @@ constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
   return (query_tiles + 2 * stages) * 64 * D * 2 + 8 * (1 + 3 * stages);
 }
 
-// sm_90a compact VSA forward (one warpgroup per block): Q, K and V tiles and three mbarriers.
-constexpr int sm90_compact_forward_smem_bytes(int D) { return 3 * 64 * D * 2 + 3 * 8; }
+// sm_90a compact kernels (one warpgroup per block, hopper/compact_tiles_sm90.cuh): `tiles` tiles
+// and three mbarriers. The VSA forward: Q, K, V; the VSA dQ: Q, dO, K, V.
+constexpr int sm90_compact_smem_bytes(int D, int tiles) { return tiles * 64 * D * 2 + 3 * 8; }
 
 // sm_90a dQ: the forward's layout with two query tiles (Q and dO) per consumer warpgroup.
 constexpr int sm90_dq_smem_bytes(int D, int consumers, int stages) {

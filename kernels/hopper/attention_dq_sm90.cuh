@@ -21,10 +21,80 @@
 
 namespace fva::dev::sm90 {
 
+// lse and Delta of a thread's two rows (row_base, row_base + 8); a row past Sq contributes nothing
+// (lse -inf selects its dS away, as for a row without a visible key).
+// bh = b Hq + h.
+__device__ __forceinline__ void load_dq_row_stats(const kern::AttentionParams& p, int b, int h,
+                                                  int bh, int row_base, float (&lse)[2],
+                                                  float (&delta)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    const bool ok = row < p.Sq;
+    lse[r] = ok ? p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s]
+                : -CUDART_INF_F;
+    delta[r] = ok ? p.delta[static_cast<int64_t>(bh) * p.Sq + row] : 0.0f;
+  }
+}
+
+// dS = dtype(P (dP - Delta)) of one 64 x 64 tile from its S and dP fragments, P = 2^(S scale
+// log2e - lse), as the A operands of dS K's 4 k16 steps (keys); ds_sum gathers the thread's part
+// of rowsum(dS) (the QAT smooth-K term). Masked entries are selected away, never multiplied: a
+// ragged block's padding slots may hold NaN in S and dP.
+template <typename T, typename Schedule>
+__device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row0, int row_base,
+                                        int t, float scale_log2, const float (&s)[8][4],
+                                        const float (&dp)[8][4], const float (&lse)[2],
+                                        const float (&delta)[2], float (&ds_sum)[2],
+                                        uint32_t (&a_ds)[4][4]) {
+  const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
+  const bool unmasked = sched.unmasked(tile, row0);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
+      const bool vis = (lse[r] != -CUDART_INF_F) &
+                       (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
+      const float pv = fast_exp2(__fmul_rn(s[j][e], scale_log2) - lse[r]);
+      ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
+      ds_sum[r] += ds[e];
+    }
+    a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
+    a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+  }
+}
+
+// dQ = scale (dS K + rowsum(dS) mean(k)) of a thread's two rows; rows past Sq are not written.
+template <typename T, int D>
+__device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, int h, int row_base,
+                                         int t, const float (&dq)[D / 2],
+                                         const float (&ds_sum)[2]) {
+  using E = typename T::Storage;
+  const float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
+  E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_base + 8 * r;
+    if (row >= p.Sq) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = j * 8 + 2 * t;
+      float x0 = dq[4 * j + 2 * r], x1 = dq[4 * j + 2 * r + 1];
+      if (p.k_mean != nullptr) {
+        x0 += rowsum[r] * p.k_mean[col];
+        x1 += rowsum[r] * p.k_mean[col + 1];
+      }
+      *reinterpret_cast<uint32_t*>(dqg + row * p.dq.stride_s + col) =
+          T::pack(p.scale * x0, p.scale * x1);
+    }
+  }
+}
+
 template <typename T, int D, typename Schedule, int kConsumers, int kStages>
 __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams& P, char* smem) {
   using L = QueryStreamLayout<D, 2 * kConsumers, kStages>;  // query tiles: Q[c], then dO[c]
-  using E = typename T::Storage;
   const kern::AttentionParams& p = P.a;
 
   const L ring{smem_addr(smem)};
@@ -59,17 +129,8 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   const int row_base = row0 + 16 * warp + g;      // this thread's rows: row_base, row_base + 8
   const uint32_t q_tile = ring.query_tile(c), do_tile = ring.query_tile(kConsumers + c);
 
-  // lse and Delta of this thread's rows; a row past Sq, or one without a visible key (lse -inf),
-  // contributes nothing.
   float lse[2], delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + 8 * r;
-    const bool ok = row < p.Sq;
-    lse[r] = ok ? p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s]
-                : -CUDART_INF_F;
-    delta[r] = ok ? p.delta[static_cast<int64_t>(bh) * p.Sq + row] : 0.0f;
-  }
+  load_dq_row_stats(p, b, h, bh, row_base, lse, delta);
 
   float dq[D / 2];
 #pragma unroll
@@ -125,29 +186,12 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     wgmma_wait<0>();
     fence_registers(s_flat);
     fence_registers(dp_flat);
-    const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-    const bool unmasked = sched.unmasked(tile, row0);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float ds[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
-        // Masked entries are selected away (never multiplied): a ragged block's padding slots
-        // may hold NaN in S and dP.
-        const bool vis = (lse[r] != -CUDART_INF_F) &
-                         (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
-        const float pv = fast_exp2(__fmul_rn(s[j][e], p.scale_log2) - lse[r]);
-        ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
-        ds_sum[r] += ds[e];
-      }
-      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
-    }
+    ds_tile<T>(sched, tile, row0, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum, a_ds);
     if constexpr (Schedule::kPaddedBlocks) {
       // dS is 0 at the padding slots, but 0 * NaN is not: those rows of K become zeros before
       // dS K reads them (S, which also read them, is complete).
       static_assert(kConsumers == 1, "only one consumer may rewrite a shared K tile");
+      const int n_valid = sched.valid_keys(tile);
       if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
     }
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
@@ -163,25 +207,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   fence_registers(dq);
   keep_alive();
 
-  // dQ = scale (dS K + rowsum(dS) mean(k)); rows past Sq are not written.
-  const float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
-  E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + 8 * r;
-    if (row >= p.Sq) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int col = j * 8 + 2 * t;
-      float x0 = dq[4 * j + 2 * r], x1 = dq[4 * j + 2 * r + 1];
-      if (p.k_mean != nullptr) {
-        x0 += rowsum[r] * p.k_mean[col];
-        x1 += rowsum[r] * p.k_mean[col + 1];
-      }
-      *reinterpret_cast<uint32_t*>(dqg + row * p.dq.stride_s + col) =
-          T::pack(p.scale * x0, p.scale * x1);
-    }
-  }
+  store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);
 }
 
 }  // namespace fva::dev::sm90

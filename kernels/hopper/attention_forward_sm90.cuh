@@ -1,22 +1,23 @@
-// The Hopper-native attention forward (sm_90a), shared by QAT attention and VSA, built the way
-// FlashAttention-3 builds its Hopper kernels:
+// The Hopper-native QAT attention forward (sm_90a), built the way FlashAttention-3 builds its
+// Hopper kernels:
 //   - a producer warpgroup (one elected thread) streams Q once and then K and V tiles of 64 keys
-//     through a kStages-deep shared-memory ring with the TMA, in the order the schedule lists them
-//     (QAT: key tiles 0, 1, ...; VSA: the q block's q2k list, so the list is the schedule);
+//     through a kStages-deep shared-memory ring with the TMA, in the schedule's order (key tiles
+//     0, 1, ...);
 //   - kConsumers consumer warpgroups each own 64 query rows and run, per key tile,
 //         S = Q Kᵀ (wgmma, both operands in shared memory) -> mask -> online softmax -> P·V (wgmma,
-//         P from registers, V in shared memory), QAT: both P·V products, FQ_P(P) and P;
+//         P from registers, V in shared memory): both P·V products, FQ_P(P) and P;
 //   - setmaxnreg moves registers from the producer to the consumers.
-// QAT uses two consumers that share every K/V tile (128 query rows per block: half the L2 traffic
-// per FLOP); VSA's 64-row q blocks each have their own list, so it runs one consumer per block and
-// two blocks per SM, which the SM's warp schedulers interleave (one block's softmax runs under the
-// other's MMAs).
-// Within a consumer, a key tile is S (wgmma), then the softmax of each sub-tile (QAT: two of 32 keys,
-// so the running max advances as in the CPU reference, see attention_forward.cuh; their arithmetic
+// Two consumers share every K/V tile (128 query rows per block: half the L2 traffic per FLOP).
+// Within a consumer, a key tile is S (wgmma), then the softmax of each sub-tile (two of 32 keys, so
+// the running max advances as in the CPU reference, see attention_forward.cuh; their arithmetic
 // runs together), then the sub-tiles' P·V back to back; the P·V stays in flight while the next
 // tile's S is issued. The output rescale is skipped when no row of the warpgroup raised its max.
-// FlashAttention-3's intra-warpgroup overlap (the next S before this P·V, its softmax under the
-// P·V) was built and measured slower here (VSA 325 against 369 TFLOPS, docs/perf.md), so it is not.
+// Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the next S
+// before this P·V; VSA 325 against 369 TFLOPS when VSA ran here), and ping-pong between the two
+// consumers (P·V of tile i and S of tile i + 1 in alternating sections: 212 against 222 TFLOPS at
+// S=16384; the NVFP4 arithmetic, not the tensor pipe, bounds this kernel).
+// VSA's forward is attention_forward_compact_sm90.cuh: its q blocks share no K/V tiles, and four
+// producer-less blocks per SM beat two warp-specialized ones.
 //
 // Layout and instruction notes: sm90_primitives.cuh; the shared-memory ring and its producer:
 // query_stream_sm90.cuh (the query tiles are Q, one per consumer).
@@ -73,6 +74,8 @@ template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers,
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = QueryStreamLayout<D, kConsumers, kStages>;
+  static_assert(!Schedule::kPaddedBlocks,
+                "ragged (VSA) blocks need their V padding zeroed: attention_forward_compact_sm90.cuh");
   constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
   constexpr int kSubTiles = 64 / kSub;
   constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
@@ -160,15 +163,6 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
           s[j][e] = Schedule::kMaskedLogit;
       }
   };
-  // A ragged block's padding slots hold whatever the caller left there (NaN included); P is exactly
-  // 0 there, but 0 * NaN is not, so those rows of V become zeros before P·V reads them.
-  auto zero_padding = [&](int tile, uint32_t v_smem) {
-    if constexpr (Schedule::kPaddedBlocks) {
-      static_assert(kConsumers == 1, "only one consumer may rewrite a shared V tile");
-      const int n_valid = sched.valid_keys(tile);
-      if (n_valid < 64) zero_tile_rows<L::kRegions>(v_smem, n_valid, tid);
-    }
-  };
   // o *= alpha per row. The accumulators must be complete (waited for).
   auto rescale = [&](const float (&alpha)[2]) {
     fence_accumulators();
@@ -234,7 +228,6 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
         float alpha[kSubTiles][2];
 #pragma unroll
         for (int sub = 0; sub < kSubTiles; ++sub) softmax_sub(sub, alpha[sub]);
-        zero_padding(tile, v_tile(stage));
 #pragma unroll
         for (int sub = 0; sub < kSubTiles; ++sub) {
           // Skipped when no row of the warpgroup raised its max: alpha is then exactly 1, and a

@@ -109,7 +109,7 @@ __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int first_row, int
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
   }
   fence_proxy_async();
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warpgroup
+  warpgroup_sync();
 }
 
 }  // namespace fva::dev::sm90

@@ -252,4 +252,9 @@ __device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile,
   }
 }
 
+// The 128 threads of one consumer warpgroup meet (named barrier 1; a kernel whose blocks hold
+// several consumer warpgroups must not use it): after it, every warp's products that read a tile
+// are complete, so the tile may be rewritten.
+__device__ __forceinline__ void warpgroup_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
 }  // namespace fva::dev::sm90

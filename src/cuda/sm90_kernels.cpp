@@ -20,8 +20,8 @@ constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out o
 
 // Pipeline depth and consumer warpgroups per kind (kernels/CMakeLists.txt instantiates these).
 constexpr int kQatConsumers = 2, kQatStages = 4;
-constexpr int kVsaConsumers = 1, kVsaStages = 3;
-constexpr int kVsaDqStages = 2;  // dQ: two blocks per SM, each with Q and dO tiles
+constexpr int kVsaConsumers = 1;  // dQ (the VSA forward is one warpgroup per block, no ring)
+constexpr int kVsaDqStages = 2;   // dQ: two blocks per SM, each with Q and dO tiles
 constexpr int kDkdvStages = 2;   // two blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
@@ -76,34 +76,23 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
          encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v);
 }
 
-// EXPERIMENTAL (branch wip/vsa-compact-fwd): FVATTN_EXPERIMENT=vsa-compact picks the compact VSA
-// forward (attention_forward_compact_sm90.cuh), for an A/B measurement in one device run.
-static bool vsa_compact_forward() {
-  const char* e = std::getenv("FVATTN_EXPERIMENT");
-  return e != nullptr && std::strstr(e, "vsa-compact") != nullptr;
-}
-
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream) {
   const kern::AttentionParams& a = params.a;
-  const bool qat = kind == Sm90Kind::kQat;
-  if (!qat && vsa_compact_forward()) {
+  if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: 128 threads per q block
     Launch l;
     l.grid_x = blocks_for(a.Sq, 64);
     l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
     l.block = 128;
-    l.smem = static_cast<size_t>(kern::sm90_compact_forward_smem_bytes(static_cast<int>(D)));
-    const std::string name = fmt::format("fva_sm90_vsa_fwd_compact_{}_d{}", dtype_suffix(dtype), D);
+    l.smem = static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), 3));
+    const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
     launch("sm90", name.c_str(), h.device, l, stream, params);
     return;
   }
-  const int consumers = qat ? kQatConsumers : kVsaConsumers;
-  const int stages = qat ? kQatStages : kVsaStages;
   const Launch l = query_side_launch(
-      a, consumers, kern::sm90_forward_smem_bytes(static_cast<int>(D), consumers, stages));
+      a, kQatConsumers, kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
   const std::string name =
-      qat ? fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0")
-          : fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
+      fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 
@@ -118,9 +107,26 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
          encode(*api, a.dout, a.B, a.Hq, a.Sq, D, &params->dout);
 }
 
+// EXPERIMENTAL, for an A/B in one device run (tools/device/experiments.sh): FVATTN_EXPERIMENT=
+// vsa-compact-dq runs the VSA dQ in the compact shape (attention_dq_compact_sm90.cuh).
+static bool experiment(const char* what) {
+  const char* e = std::getenv("FVATTN_EXPERIMENT");
+  return e != nullptr && std::strcmp(e, what) == 0;
+}
+
 void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                     int64_t D, int32_t dtype, void* stream) {
   const kern::AttentionParams& a = params.a;
+  if (kind == Sm90Kind::kVsa && experiment("vsa-compact-dq")) {
+    Launch l;
+    l.grid_x = blocks_for(a.Sq, 64);
+    l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+    l.block = 128;
+    l.smem = static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), 4));
+    const std::string name = fmt::format("fva_sm90_vsa_bwd_dq_compact_{}_d{}", dtype_suffix(dtype), D);
+    launch("sm90", name.c_str(), h.device, l, stream, params);
+    return;
+  }
   const bool qat = kind == Sm90Kind::kQat;
   const int consumers = qat ? kQatConsumers : kVsaConsumers;
   const int stages = qat ? kQatStages : kVsaDqStages;

@@ -1,0 +1,46 @@
+// Shared memory of the compact sm_90a kernels (one warpgroup per block, no producer warpgroup,
+// several blocks per SM: the VSA forward and the VSA dQ kernel): kTiles tiles of 64 rows x D, each
+// D / 64 swizzled 64-column regions of 8 KiB (1024-byte aligned), then three mbarriers: the
+// query-side tiles (loaded once), K, V. Thread 0 issues every load; each barrier completes once per
+// load, so the K and V barriers' parity flips once per listed key block.
+#pragma once
+
+#include "common/kernel_params.h"
+#include "hopper/sm90_primitives.cuh"
+
+namespace fva::dev::sm90 {
+
+template <int D, int kTiles>
+struct CompactTiles {
+  static constexpr int kRegionBytes = 64 * 128;
+  static constexpr int kRegions = D / 64;
+  static constexpr int kTileBytes = kRegions * kRegionBytes;
+  static_assert(kern::sm90_compact_smem_bytes(D, kTiles) == kTiles * kTileBytes + 3 * 8,
+                "host and device disagree on the shared-memory layout");
+
+  uint32_t base;  // the block's dynamic shared memory (1024-byte aligned)
+
+  __device__ __forceinline__ uint32_t tile(int i) const { return base + i * kTileBytes; }
+  __device__ __forceinline__ uint32_t bar_query() const { return base + kTiles * kTileBytes; }
+  __device__ __forceinline__ uint32_t bar_k() const { return bar_query() + 8; }
+  __device__ __forceinline__ uint32_t bar_v() const { return bar_query() + 16; }
+
+  // Thread 0, before the block's first __syncthreads.
+  __device__ __forceinline__ void init_barriers() const {
+    mbar_init(bar_query(), 1);
+    mbar_init(bar_k(), 1);
+    mbar_init(bar_v(), 1);
+    mbar_fence_init();
+  }
+
+  // Thread 0: rows [row, row + 64) of (head, b) of `map` into tile `dst`, completing `bar` (armed
+  // here for `arm_tiles` tiles: a barrier that waits for several loads is armed by the first).
+  __device__ __forceinline__ void load(int dst, const kern::TensorMap* map, uint32_t bar, int row,
+                                       int head, int b, int arm_tiles = 1) const {
+    if (arm_tiles > 0) mbar_arrive_expect_tx(bar, arm_tiles * kTileBytes);
+    for (int r = 0; r < kRegions; ++r)
+      tma_load_4d(tile(dst) + r * kRegionBytes, map, bar, 64 * r, row, head, b);
+  }
+};
+
+}  // namespace fva::dev::sm90
