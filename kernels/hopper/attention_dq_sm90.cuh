@@ -1,7 +1,7 @@
-// The Hopper-native dQ kernel (sm_90a) of the attention backward, shared by QAT attention and VSA.
-// It walks the forward's schedule (QAT: key tiles from 0; VSA: the q block's q2k list) with the
-// forward's producer and ring (query_stream_sm90.cuh; the query tiles are Q and dO), and each
-// consumer warpgroup owns 64 query rows:
+// The Hopper-native dQ kernel (sm_90a) of the QAT attention backward, and the dQ helpers it shares
+// with VSA's compact dQ kernel (attention_dq_compact_sm90.cuh). It walks the forward's schedule (key
+// tiles from 0) with the forward's producer and ring (query_stream_sm90.cuh; the query tiles are Q
+// and dO), and each consumer warpgroup owns 64 query rows:
 //     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands, one commit group)
 //     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))
 //     dQ += dS K                                (wgmma, dS from registers, K read MN-major)
@@ -95,6 +95,8 @@ __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, 
 template <typename T, int D, typename Schedule, int kConsumers, int kStages>
 __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams& P, char* smem) {
   using L = QueryStreamLayout<D, 2 * kConsumers, kStages>;  // query tiles: Q[c], then dO[c]
+  static_assert(!Schedule::kPaddedBlocks,
+                "ragged (VSA) blocks need their K padding zeroed: attention_dq_compact_sm90.cuh");
   const kern::AttentionParams& p = P.a;
 
   const L ring{smem_addr(smem)};
@@ -187,13 +189,6 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     fence_registers(s_flat);
     fence_registers(dp_flat);
     ds_tile<T>(sched, tile, row0, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum, a_ds);
-    if constexpr (Schedule::kPaddedBlocks) {
-      // dS is 0 at the padding slots, but 0 * NaN is not: those rows of K become zeros before
-      // dS K reads them (S, which also read them, is complete).
-      static_assert(kConsumers == 1, "only one consumer may rewrite a shared K tile");
-      const int n_valid = sched.valid_keys(tile);
-      if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
-    }
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
     wgmma_fence();
 #pragma unroll

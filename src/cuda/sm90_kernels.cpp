@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "kernel_images.h"
 #include "params.h"
 
@@ -18,11 +15,10 @@ constexpr int kTmaSwizzle128 = 3;    // CU_TENSOR_MAP_SWIZZLE_128B
 constexpr int kTmaL2Promote128 = 2;  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out of bounds reads 0
 
-// Pipeline depth and consumer warpgroups per kind (kernels/CMakeLists.txt instantiates these).
+// Pipeline depth and consumer warpgroups of QAT's warp-specialized kernels (kernels/CMakeLists.txt
+// instantiates these; VSA's forward and dQ are compact: one warpgroup per block, no ring).
 constexpr int kQatConsumers = 2, kQatStages = 4;
-constexpr int kVsaConsumers = 1;  // dQ (the VSA forward is one warpgroup per block, no ring)
-constexpr int kVsaDqStages = 2;   // dQ: two blocks per SM, each with Q and dO tiles
-constexpr int kDkdvStages = 2;   // two blocks per SM
+constexpr int kDkdvStages = 2;  // dK/dV, QAT and VSA: two blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -60,6 +56,17 @@ Launch query_side_launch(const kern::AttentionParams& a, int consumers, int smem
   return l;
 }
 
+// The launch of a compact kernel (VSA's forward and dQ, hopper/compact_tiles_sm90.cuh): one
+// 128-thread block per 64-row q block of every (b, q head), `tiles` tiles of shared memory.
+Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles) {
+  Launch l;
+  l.grid_x = blocks_for(a.Sq, 64);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.block = 128;
+  l.smem = static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), tiles));
+  return l;
+}
+
 }  // namespace
 
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
@@ -79,14 +86,9 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream) {
   const kern::AttentionParams& a = params.a;
-  if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: 128 threads per q block
-    Launch l;
-    l.grid_x = blocks_for(a.Sq, 64);
-    l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
-    l.block = 128;
-    l.smem = static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), 3));
+  if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: Q, K, V tiles
     const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
-    launch("sm90", name.c_str(), h.device, l, stream, params);
+    launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3), stream, params);
     return;
   }
   const Launch l = query_side_launch(
@@ -107,33 +109,17 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
          encode(*api, a.dout, a.B, a.Hq, a.Sq, D, &params->dout);
 }
 
-// EXPERIMENTAL, for an A/B in one device run (tools/device/experiments.sh): FVATTN_EXPERIMENT=
-// vsa-compact-dq runs the VSA dQ in the compact shape (attention_dq_compact_sm90.cuh).
-static bool experiment(const char* what) {
-  const char* e = std::getenv("FVATTN_EXPERIMENT");
-  return e != nullptr && std::strcmp(e, what) == 0;
-}
-
 void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                     int64_t D, int32_t dtype, void* stream) {
   const kern::AttentionParams& a = params.a;
-  if (kind == Sm90Kind::kVsa && experiment("vsa-compact-dq")) {
-    Launch l;
-    l.grid_x = blocks_for(a.Sq, 64);
-    l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
-    l.block = 128;
-    l.smem = static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), 4));
-    const std::string name = fmt::format("fva_sm90_vsa_bwd_dq_compact_{}_d{}", dtype_suffix(dtype), D);
-    launch("sm90", name.c_str(), h.device, l, stream, params);
+  if (kind == Sm90Kind::kVsa) {  // attention_dq_compact_sm90.cuh: Q, dO, K, V tiles
+    const std::string name = fmt::format("fva_sm90_vsa_bwd_dq_{}_d{}", dtype_suffix(dtype), D);
+    launch("sm90", name.c_str(), h.device, compact_launch(a, D, 4), stream, params);
     return;
   }
-  const bool qat = kind == Sm90Kind::kQat;
-  const int consumers = qat ? kQatConsumers : kVsaConsumers;
-  const int stages = qat ? kQatStages : kVsaDqStages;
   const Launch l = query_side_launch(
-      a, consumers, kern::sm90_dq_smem_bytes(static_cast<int>(D), consumers, stages));
-  const std::string name =
-      fmt::format("fva_sm90_{}_bwd_dq_{}_d{}", qat ? "qat" : "vsa", dtype_suffix(dtype), D);
+      a, kQatConsumers, kern::sm90_dq_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
+  const std::string name = fmt::format("fva_sm90_qat_bwd_dq_{}_d{}", dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 

@@ -8,7 +8,8 @@
 # and prints a table: the variant, its tests, its sanitizers and its TFLOPS per op and length.
 # Every command runs under `timeout`, so a variant that hangs (a barrier protocol gone wrong)
 # costs TIMEOUT seconds and a FAIL, not the whole run.
-#   EXPERIMENTS="name=filter name=filter" (a variant and its doctest -tc filter, space-separated;
+#   EXPERIMENTS="name=filter name=filter" (required: each variant and its doctest -tc filter, e.g.
+#   "vsa-compact-dq=GPU*VSA*,GPU*golden*"; space-separated;
 #   a filter may hold no spaces), SANITIZE=0 to skip the sanitizers.
 set -uo pipefail
 set -f  # the test filters hold globs for doctest, not for the shell
@@ -40,7 +41,7 @@ run_variant() {  # NAME FILTER: tests + bench with FVATTN_EXPERIMENT=NAME ("base
     "$([ $bench_rc -eq 0 ] && echo ok || echo FAIL)" "$san")")
 }
 run_variant base "GPU*VSA*"
-for e in ${EXPERIMENTS:-"vsa-compact-dq=GPU*VSA*,GPU*golden*,GPU*deterministic*"}; do
+for e in ${EXPERIMENTS:-}; do
   run_variant "${e%%=*}" "${e#*=}"
 done
 {
