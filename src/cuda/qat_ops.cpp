@@ -63,6 +63,15 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const kern::Tensor4& x,
                      const kern::Tensor4& y, int64_t B, int64_t H, int64_t S, int64_t D,
                      int32_t scale_mode, int32_t tile_tokens, bool quantize, const float* mean,
                      void* stream) {
+  // The kernel moves 16-element groups with 16-byte accesses: check_attention_tensor's alignment
+  // (data, and the strides of dimensions longer than 1, multiples of 16 bytes) guarantees it, and
+  // the workspace copies are contiguous; a caller that broke this would fault on the device.
+  auto aligned = [&](const kern::Tensor4& t) {
+    const int64_t used = (B > 1 ? t.stride_b : 0) | (H > 1 ? t.stride_h : 0) | (S > 1 ? t.stride_s : 0);
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && used % 8 == 0 && D % 16 == 0;
+  };
+  if (!aligned(x) || !aligned(y))
+    fail(FVA_ERR_INTERNAL, "NVFP4 quantization: a tensor is not 16-byte aligned per group");
   kern::QuantizeParams q{};
   q.x = x;
   q.y = y;
