@@ -54,21 +54,31 @@ extern "C" __global__ void fva_vsa_invert_count(const InvertParams p) {
   if (entry_at(p, i, unit, qb, kv)) atomicAdd(&p.counts[unit * p.lists.num_kv_blocks + kv], 1);
 }
 
-// One thread per unit: the lists are short (num_kv_blocks entries), a serial scan is enough.
+// One warp per unit: an exclusive scan of the unit's kv-block counts, 32 at a time (a running
+// total carried between chunks). (A thread per unit scanned serially: 21 us for 8 units of 256
+// kv blocks on the H200, with 2% of the GPU busy.)
 extern "C" __global__ void fva_vsa_invert_scan(const InvertParams p) {
-  const int64_t unit = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t unit = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
   if (unit >= units(p)) return;
   const int nkv = p.lists.num_kv_blocks;
   const int32_t* c = p.counts + unit * nkv;
   int32_t* off = p.offsets + unit * (nkv + 1);
   int32_t* cur = p.cursor + unit * nkv;
-  int32_t sum = 0;
-  for (int kv = 0; kv < nkv; ++kv) {
-    off[kv] = sum;
-    cur[kv] = sum;
-    sum += c[kv];
+  int32_t base = 0;  // the sum of the chunks before this one
+  for (int k0 = 0; k0 < nkv; k0 += 32) {
+    const int kv = k0 + lane;
+    const int32_t count = kv < nkv ? c[kv] : 0;
+    int32_t inclusive = count;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += up;
+    }
+    if (kv < nkv) off[kv] = cur[kv] = base + inclusive - count;
+    base += __shfl_sync(0xffffffffu, inclusive, 31);
   }
-  off[nkv] = sum;
+  if (lane == 0) off[nkv] = base;
 }
 
 extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {

@@ -86,7 +86,7 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   launch("vsa", "fva_vsa_invert_zero", h.device, l, stream, ip);
   l.grid_x = blocks_for(per_entry, 256);
   launch("vsa", "fva_vsa_invert_count", h.device, l, stream, ip);
-  l.grid_x = blocks_for(units, 256);
+  l.grid_x = blocks_for(units * 32, 256);  // a warp per unit
   launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
   l.grid_x = blocks_for(per_entry, 256);
   launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
