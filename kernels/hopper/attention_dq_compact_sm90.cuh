@@ -31,6 +31,8 @@ __device__ __forceinline__ void attention_dq_compact_sm90(const kern::Sm90Backwa
   constexpr int kQ = 0, kDO = 1, kK = 2, kV = 3;  // tiles
   const kern::AttentionParams& p = P.a;
 
+  // The dK/dV kernel that follows needs nothing dQ writes: it may fill this grid's last wave.
+  allow_dependent_launch();
   const L tiles{smem_addr(smem)};
   if (tiles.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
   const uint32_t q_tile = tiles.tile(kQ), do_tile = tiles.tile(kDO);
@@ -98,10 +100,13 @@ __device__ __forceinline__ void attention_dq_compact_sm90(const kern::Sm90Backwa
     if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
 
     ds_tile<T>(sched, tile, row0, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum, a_ds);
-    // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K become zeros
-    // before dS K reads them (S, which also read them, is complete in every warp).
-    const int n_valid = sched.valid_keys(tile);
-    if (n_valid < 64) zero_tile_rows<L::kRegions>(k_tile, n_valid, tid);
+    if constexpr (Schedule::kPaddedBlocks) {
+      // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K become
+      // zeros before dS K reads them (S, which also read them, is complete in every warp). (QAT's
+      // keys past Skv are outside the tensor: the TMA filled them with zeros.)
+      const int n_valid = sched.valid_keys(tile);
+      if (n_valid < 64) zero_tile_rows<L::kRegions>(k_tile, n_valid, tid);
+    }
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
     wgmma_fence();
 #pragma unroll

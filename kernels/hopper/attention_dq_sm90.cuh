@@ -99,6 +99,8 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
                 "ragged (VSA) blocks need their K padding zeroed: attention_dq_compact_sm90.cuh");
   const kern::AttentionParams& p = P.a;
 
+  // The dK/dV kernel that follows needs nothing dQ writes: it may fill this grid's last wave.
+  allow_dependent_launch();
   const L ring{smem_addr(smem)};
   if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
 

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernel_images.h"
 #include "params.h"
 
@@ -109,11 +112,21 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
          encode(*api, a.dout, a.B, a.Hq, a.Sq, D, &params->dout);
 }
 
+// EXPERIMENTAL, for an A/B in one device run (tools/device/experiments.sh): FVATTN_EXPERIMENT
+// holds the names of the variants to run: qat-compact-dq (QAT's dQ in VSA's compact shape,
+// attention_dq_compact_sm90.cuh), pdl (dK/dV launched to overlap dQ's last wave).
+static bool experiment(const char* what) {
+  const char* e = std::getenv("FVATTN_EXPERIMENT");
+  return e != nullptr && std::strstr(e, what) != nullptr;
+}
+
 void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                     int64_t D, int32_t dtype, void* stream) {
   const kern::AttentionParams& a = params.a;
-  if (kind == Sm90Kind::kVsa) {  // attention_dq_compact_sm90.cuh: Q, dO, K, V tiles
-    const std::string name = fmt::format("fva_sm90_vsa_bwd_dq_{}_d{}", dtype_suffix(dtype), D);
+  if (kind == Sm90Kind::kVsa || experiment("qat-compact-dq")) {  // attention_dq_compact_sm90.cuh
+    const std::string name =
+        kind == Sm90Kind::kVsa ? fmt::format("fva_sm90_vsa_bwd_dq_{}_d{}", dtype_suffix(dtype), D)
+                               : fmt::format("fva_sm90_qat_bwd_dq_compact_{}_d{}", dtype_suffix(dtype), D);
     launch("sm90", name.c_str(), h.device, compact_launch(a, D, 4), stream, params);
     return;
   }
@@ -135,6 +148,9 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
   l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hkv);
   l.block = 256;  // a producer and a consumer warpgroup
   l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages));
+  // EXPERIMENTAL (FVATTN_EXPERIMENT=pdl): start under the last wave of the sm90 dQ kernel, which
+  // every caller launches just before this one; dK/dV reads nothing dQ writes.
+  l.overlap_previous = experiment("pdl");
   const std::string name =
       kind == Sm90Kind::kQat
           ? fmt::format("fva_sm90_qat_bwd_dkdv_{}_d{}", dtype_suffix(dtype), D)
