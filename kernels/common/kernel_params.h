@@ -131,10 +131,6 @@ constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
 // and three mbarriers. The VSA forward: Q, K, V; the VSA dQ: Q, dO, K, V.
 constexpr int sm90_compact_smem_bytes(int D, int tiles) { return tiles * 64 * D * 2 + 3 * 8; }
 
-// sm_90a dQ: the forward's layout with two query tiles (Q and dO) per consumer warpgroup.
-constexpr int sm90_dq_smem_bytes(int D, int consumers, int stages) {
-  return sm90_forward_smem_bytes(D, 2 * consumers, stages);
-}
 
 // sm_90a dK/dV: K, V, kStages (Q, dO) tile pairs with their lse and Delta, mbarriers.
 constexpr int sm90_dkdv_smem_bytes(int D, int stages) {

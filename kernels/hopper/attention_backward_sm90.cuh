@@ -249,10 +249,6 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   fence_registers(dv);
   keep_alive();
 
-  // This kernel may have started under the dQ kernel's last wave (Launch::overlap_previous); it
-  // completes only after dQ has, so what the caller queues next sees every gradient.
-  wait_for_previous_grids();
-
   // dK * scale and dV, rows past the tile's output rows left alone.
   const int rows = sched.output_rows();
   E* dkg = static_cast<E*>(p.dk.data) + b * p.dk.stride_b + hk * p.dk.stride_h;

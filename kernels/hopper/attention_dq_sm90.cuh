@@ -1,29 +1,37 @@
-// The Hopper-native dQ kernel (sm_90a) of the QAT attention backward, and the dQ helpers it shares
-// with VSA's compact dQ kernel (attention_dq_compact_sm90.cuh). It walks the forward's schedule (key
-// tiles from 0) with the forward's producer and ring (query_stream_sm90.cuh; the query tiles are Q
-// and dO), and each consumer warpgroup owns 64 query rows:
+// The Hopper-native dQ kernel (sm_90a) of both backwards, QAT attention and VSA, in the VSA
+// forward's shape (attention_forward_compact_sm90.cuh): one warpgroup per 64-row query tile, no
+// producer warpgroup, three blocks per SM (at most 168 registers per thread; Q, dO, K and V tiles:
+// 64 KiB at D=128). A block walks the forward's schedule for its rows (QAT: key tiles from 0, up to
+// the diagonal when causal; VSA: the q block's q2k list):
 //     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands, one commit group)
-//     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))
+//     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))           (ds_tile)
 //     dQ += dS K                                (wgmma, dS from registers, K read MN-major)
-// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). A block's
-// rows are its own and the tiles come in a fixed order, so dQ is a fixed-order sum: bitwise
-// reproducible on every handle, with no reduction buffer. The dQ product of one tile stays in
-// flight while the next tile's S and dP are issued; its stage is released after the wait that
-// covers it. P's quantization plays no part in dQ (SPEC.md: dS uses the high-precision P), so
+// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). Thread 0
+// loads the next key tile's V once dP has read V (under the dS arithmetic and the dQ product), and
+// its K once the dQ product has read K. A block's rows are its own and the tiles come in a fixed
+// order, so dQ is a fixed-order sum: bitwise reproducible on every handle, with no reduction buffer
+// and no atomics. P's quantization plays no part in dQ (SPEC.md: dS uses the high-precision P), so
 // every P scale mode runs here.
+// Why not FlashAttention-3's warp-specialized shape (a producer warpgroup and a K/V ring, as QAT's
+// forward): for VSA, a q block's list is its own, so consumers share no tiles and a producer per
+// consumer left two consumers per SM; here three share an SM, whose warp schedulers run one block's
+// dS arithmetic under the others' products (VSA dQ 0.82 -> 0.79 ms at S=16384 on the H200). For
+// QAT, the warp-specialized dQ (two consumers sharing each K/V tile, one block per SM, until
+// 6b151ab) measured the same as this kernel (QAT backward 300.1 against 300.5 TFLOPS at S=16384,
+// 301.3 against 303.0 at 32768, docs/perf.md), so one dQ kernel serves both.
 #pragma once
 
 #include <math_constants.h>
 
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
-#include "hopper/query_stream_sm90.cuh"
+#include "hopper/compact_tiles_sm90.cuh"
+#include "hopper/query_stream_sm90.cuh"  // zero_tile_rows
 
 namespace fva::dev::sm90 {
 
-// lse and Delta of a thread's two rows (row_base, row_base + 8); a row past Sq contributes nothing
-// (lse -inf selects its dS away, as for a row without a visible key).
-// bh = b Hq + h.
+// lse and Delta of a thread's two rows (row_base, row_base + 8; bh = b Hq + h); a row past Sq
+// contributes nothing (lse -inf selects its dS away, as for a row without a visible key).
 __device__ __forceinline__ void load_dq_row_stats(const kern::AttentionParams& p, int b, int h,
                                                   int bh, int row_base, float (&lse)[2],
                                                   float (&delta)[2]) {
@@ -92,56 +100,52 @@ __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, 
   }
 }
 
-template <typename T, int D, typename Schedule, int kConsumers, int kStages>
-__device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams& P, char* smem) {
-  using L = QueryStreamLayout<D, 2 * kConsumers, kStages>;  // query tiles: Q[c], then dO[c]
-  static_assert(!Schedule::kPaddedBlocks,
-                "ragged (VSA) blocks need their K padding zeroed: attention_dq_compact_sm90.cuh");
+
+template <typename T, int D, typename Schedule>
+__device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams& P,
+                                                  char* smem) {
+  using L = CompactTiles<D, 4>;
+  constexpr int kQ = 0, kDO = 1, kK = 2, kV = 3;  // tiles
   const kern::AttentionParams& p = P.a;
 
-  // The dK/dV kernel that follows needs nothing dQ writes: it may fill this grid's last wave.
-  allow_dependent_launch();
-  const L ring{smem_addr(smem)};
-  if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
+  const L tiles{smem_addr(smem)};
+  if (tiles.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
+  const uint32_t q_tile = tiles.tile(kQ), do_tile = tiles.tile(kDO);
+  const uint32_t k_tile = tiles.tile(kK), v_tile = tiles.tile(kV);
 
-  const int warpgroup = threadIdx.x / 128;  // 0: producer; 1..kConsumers: consumers
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  if (tid == 0) {
+    tiles.init_barriers();
+    tma_prefetch_descriptor(&P.q);
+    tma_prefetch_descriptor(&P.dout);
+    tma_prefetch_descriptor(&P.k);
+    tma_prefetch_descriptor(&P.v);
+  }
+  __syncthreads();
+
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq;
   const int hk = h / (p.Hq / p.Hkv);
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * 64 * kConsumers;  // heaviest (causal) first
-  const Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
-
-  if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
-  __syncthreads();
-
-  if (warpgroup == 0) {
-    // ---- producer ------------------------------------------------------------------------------
-    setmaxnreg_dec<RegisterSplit<kConsumers>::kProducer>();
-    if (threadIdx.x == 0) {
-      const kern::TensorMap* const query[2] = {&P.q, &P.dout};
-      ring.template produce<kConsumers>(query, &P.k, &P.v, sched, q0, h, hk, b);
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * 64;
+  const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
+  const Schedule sched(p, b, h, row0);
+  const int first = sched.first();
+  if (tid == 0) {
+    tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b, 2);  // Q and dO on one barrier
+    tiles.load(kDO, &P.dout, tiles.bar_query(), row0, h, b, 0);
+    if (first >= 0) {
+      tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(first), hk, b);
+      tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(first), hk, b);
     }
-    return;
   }
-
-  // ---- consumers --------------------------------------------------------------------------------
-  setmaxnreg_inc<RegisterSplit<kConsumers>::kConsumer>();
-  const int c = warpgroup - 1;
-  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int g = lane >> 2, t = lane & 3;
-  const int row0 = q0 + 64 * c;
-  const int row_base = row0 + 16 * warp + g;      // this thread's rows: row_base, row_base + 8
-  const uint32_t q_tile = ring.query_tile(c), do_tile = ring.query_tile(kConsumers + c);
 
   float lse[2], delta[2];
   load_dq_row_stats(p, b, h, bh, row_base, lse, delta);
-
   float dq[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
-  // Distinct registers from here: otherwise the compiler lets the zeros share one register and
-  // copies them apart inside the wgmma pipeline, which serializes it (ptxas C7515).
-  fence_registers(dq);
+  fence_registers(dq);  // distinct registers (see fence_registers)
   float ds_sum[2] = {0.0f, 0.0f};
   float s[8][4], dp[8][4];
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
@@ -153,56 +157,45 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a_ds[i][e]));
   };
-  auto release = [&](int st) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(ring.bar_empty(st));
-  };
 
-  mbar_wait(ring.bar_query(), 0);
-  int stage = 0, pending = -1;
-  uint32_t phase = 0;
-  for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
-    // Every consumer runs every tile of the block's schedule: with causal QAT, a tile the first
-    // consumer's rows do not see is fully masked (dS = 0, a no-op on dQ) and costs one tile of
-    // work, but the loop has no branch around the products. (A branch made the dQ accumulators
-    // path-dependent, and ptxas serialized the wgmmas, C7515.)
-    mbar_wait(ring.bar_k(stage), phase);
-    mbar_wait(ring.bar_v(stage), phase);
+  mbar_wait(tiles.bar_query(), 0);
+  uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
+  for (int tile = first; tile >= 0;) {
+    const int next = sched.next(tile);
+    mbar_wait(tiles.bar_k(), phase);
+    mbar_wait(tiles.bar_v(), phase);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss_chain<T, 64>(s_flat, smem_descriptor(q_tile + offset, 16, 1024),
-                            smem_descriptor(ring.k_tile(stage) + offset, 16, 1024), kk);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t offset = (kk / 4) * L::kRegionBytes + (kk % 4) * 32;
-      wgmma_ss_chain<T, 64>(dp_flat, smem_descriptor(do_tile + offset, 16, 1024),
-                            smem_descriptor(ring.v_tile(stage) + offset, 16, 1024), kk);
-    }
+    wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
+    wgmma_tiles_abt<T, D>(dp_flat, do_tile, v_tile);
     wgmma_commit();
-    wgmma_wait<1>();  // the previous tile's dQ product (committed before this tile's S and dP)
-    fence_registers(dq);
-    keep_alive();
-    if (pending >= 0) release(pending);
-    pending = stage;
     wgmma_wait<0>();
     fence_registers(s_flat);
     fence_registers(dp_flat);
+    warpgroup_sync();
+    if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
+
     ds_tile<T>(sched, tile, row0, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum, a_ds);
+    if constexpr (Schedule::kPaddedBlocks) {
+      // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K become
+      // zeros before dS K reads them (S, which also read them, is complete in every warp). (QAT's
+      // keys past Skv are outside the tensor: the TMA filled them with zeros.)
+      const int n_valid = sched.valid_keys(tile);
+      if (n_valid < 64) zero_tile_rows<L::kRegions>(k_tile, n_valid, tid);
+    }
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < 4; ++step)
-      wgmma_rs_mn<T, D>(dq, a_ds[step],
-                        smem_descriptor(ring.k_tile(stage) + step * 2048, L::kRegionBytes, 1024));
+      wgmma_rs_mn<T, D>(dq, a_ds[step], smem_descriptor(k_tile + step * 2048, L::kRegionBytes, 1024));
     wgmma_commit();
-    if (++stage == kStages) stage = 0, phase ^= 1;
+    wgmma_wait<0>();
+    fence_registers(dq);
+    keep_alive();
+    warpgroup_sync();
+    if (tid == 0 && next >= 0) tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(next), hk, b);
+    phase ^= 1;
+    tile = next;
   }
-  wgmma_wait<0>();
-  fence_registers(dq);
-  keep_alive();
 
   store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);
 }

@@ -70,7 +70,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  fence_registers(o);  // distinct registers (see attention_dq_sm90.cuh)
+  fence_registers(o);  // distinct registers (see fence_registers)
   float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.0f, 0.0f};
   float s[8][4];
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);

@@ -128,6 +128,9 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Keeps the compiler from moving accesses of accumulator registers across a wgmma issue or wait
 // (volatile asm keeps its order among volatile asm; no memory clobber: these are registers only).
+// Applied right after accumulators are zeroed, it also keeps them distinct registers: otherwise the
+// compiler lets the zeros share one register and copies them apart inside the wgmma pipeline,
+// which serializes it (ptxas advisory C7515).
 template <int N>
 __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #pragma unroll
@@ -256,16 +259,5 @@ __device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile,
 // several consumer warpgroups must not use it): after it, every warp's products that read a tile
 // are complete, so the tile may be rewritten.
 __device__ __forceinline__ void warpgroup_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
-
-// Programmatic dependent launch (src/cuda/kernel_images.h, Launch::overlap_previous). A kernel
-// whose successor may overlap it lets that successor's blocks start once all of its own blocks have
-// run this (no-op when nothing was launched that way); the successor waits, in every block, for
-// the kernels it overlaps to complete and their writes to be visible (no-op when it overlaps none).
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_previous_grids() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
 
 }  // namespace fva::dev::sm90

@@ -64,8 +64,6 @@ Driver load() {
       !bind(lib, "cuTensorMapEncodeTiled", &a.cuTensorMapEncodeTiled, &d.why)) {
     return d;  // the library handle stays open: harmless, and dlclose of a driver is unsafe
   }
-  // Optional entry points: their absence only turns a feature off.
-  a.cuLaunchKernelEx = reinterpret_cast<decltype(a.cuLaunchKernelEx)>(dlsym(lib, "cuLaunchKernelEx"));
   const CUresult r = a.cuInit(0);
   if (r != CUDA_SUCCESS) {
     d.why = fmt::format("cuInit failed: {}", error_text(a, r));

@@ -19,29 +19,6 @@ constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NO_BINARY_FOR_GPU = 209;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
-// cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig and CUlaunchAttribute, same layout):
-// fvattn sets one attribute, programmatic stream serialization (Hopper's programmatic dependent
-// launch: the kernel may start while the previous one in the stream finishes its last blocks).
-constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
-struct CUlaunchAttribute {
-  int id;
-  char pad[4];
-  union {
-    char bytes[64];
-    void* align;  // cuda.h's union holds pointers: 8-byte aligned
-    int programmatic_stream_serialization_allowed;
-  } value;
-};
-static_assert(sizeof(CUlaunchAttribute) == 72, "cuda.h's CUlaunchAttribute layout");
-struct CUlaunchConfig {
-  unsigned grid_x, grid_y, grid_z;
-  unsigned block_x, block_y, block_z;
-  unsigned shared_bytes;
-  CUstream stream;
-  CUlaunchAttribute* attrs;
-  unsigned num_attrs;
-};
-
 struct Api {
   CUresult (*cuInit)(unsigned int) = nullptr;
   CUresult (*cuDriverGetVersion)(int*) = nullptr;
@@ -60,8 +37,6 @@ struct Api {
   CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice) = nullptr;
   CUresult (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**) = nullptr;
-  // Optional (CUDA 11.8+ drivers): null when absent, and launches then go through cuLaunchKernel.
-  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, void*, void**, void**) = nullptr;
   // cuTensorMapEncodeTiled(map, dtype, rank, address, dims, strides (bytes, rank - 1), box,
   // element strides, interleave, swizzle, L2 promotion, OOB fill): the sm_90a kernels' TMA maps.
   CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const unsigned long long*,

@@ -163,18 +163,8 @@ void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, 
   const Api& a = checked_api();
   if (d.grid_x == 0 || d.grid_y == 0 || d.grid_z == 0) return;  // nothing to do
   void* args[] = {const_cast<void*>(params)};
-  CUresult r;
-  if (d.overlap_previous && a.cuLaunchKernelEx != nullptr) {
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmatic_stream_serialization_allowed = 1;
-    const CUlaunchConfig config{d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
-                                static_cast<unsigned>(d.smem), stream, &attr, 1};
-    r = a.cuLaunchKernelEx(&config, kernel, args, nullptr);
-  } else {
-    r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
-                         static_cast<unsigned>(d.smem), stream, args, nullptr);
-  }
+  const CUresult r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
+                                      static_cast<unsigned>(d.smem), stream, args, nullptr);
   if (r != CUDA_SUCCESS)
     fail(FVA_ERR_CUDA, "launching {} (grid {}x{}x{}, {} threads, {} bytes shared) failed: {}", name,
          d.grid_x, d.grid_y, d.grid_z, d.block, d.smem, error_text(a, r));

@@ -29,12 +29,6 @@ struct Launch {
   unsigned grid_x = 1, grid_y = 1, grid_z = 1;
   unsigned block = 128;
   size_t smem = 0;
-  // Programmatic dependent launch (sm_90+): the kernel's blocks may start once every block of the
-  // previous kernel in the stream has started and asked for it (griddepcontrol.launch_dependents),
-  // filling that kernel's last wave. Only for a kernel that needs nothing the previous one writes,
-  // and that waits for it (griddepcontrol.wait) before it exits, so work queued after it still
-  // finds both done. Ignored where the driver has no cuLaunchKernelEx.
-  bool overlap_previous = false;
 };
 
 // Launches `kernel` with one by-value parameter block on `stream` (asynchronous; no sync).

@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "kernel_images.h"
 #include "params.h"
 
@@ -18,8 +15,9 @@ constexpr int kTmaSwizzle128 = 3;    // CU_TENSOR_MAP_SWIZZLE_128B
 constexpr int kTmaL2Promote128 = 2;  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out of bounds reads 0
 
-// Pipeline depth and consumer warpgroups of QAT's warp-specialized kernels (kernels/CMakeLists.txt
-// instantiates these; VSA's forward and dQ are compact: one warpgroup per block, no ring).
+// Pipeline depth and consumer warpgroups of the warp-specialized kernels (kernels/CMakeLists.txt
+// instantiates these): the QAT forward and dK/dV. The VSA forward and both dQ kernels are compact:
+// one warpgroup per block, no ring.
 constexpr int kQatConsumers = 2, kQatStages = 4;
 constexpr int kDkdvStages = 2;  // dK/dV, QAT and VSA: two blocks per SM
 
@@ -48,19 +46,8 @@ const Api* native_api(const fva_handle& h, int64_t D) {
   return api != nullptr && api->cuTensorMapEncodeTiled != nullptr ? api : nullptr;
 }
 
-// The launch of a query-side kernel (the forward, dQ): a block per 64 x `consumers` query rows of
-// every (b, q head), a producer warpgroup beside the consumers.
-Launch query_side_launch(const kern::AttentionParams& a, int consumers, int smem_bytes) {
-  Launch l;
-  l.grid_x = blocks_for(a.Sq, 64 * consumers);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
-  l.block = static_cast<unsigned>(128 * (1 + consumers));
-  l.smem = static_cast<size_t>(smem_bytes);
-  return l;
-}
-
-// The launch of a compact kernel (VSA's forward and dQ, hopper/compact_tiles_sm90.cuh): one
-// 128-thread block per 64-row q block of every (b, q head), `tiles` tiles of shared memory.
+// The launch of a compact kernel (the VSA forward and both dQ kernels, hopper/compact_tiles_sm90.cuh):
+// one 128-thread block per 64 query rows of every (b, q head), `tiles` tiles of shared memory.
 Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles) {
   Launch l;
   l.grid_x = blocks_for(a.Sq, 64);
@@ -94,8 +81,14 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
     launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3), stream, params);
     return;
   }
-  const Launch l = query_side_launch(
-      a, kQatConsumers, kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
+  // attention_forward_sm90.cuh: a block per 64 x kQatConsumers query rows of every (b, q head), a
+  // producer warpgroup beside the consumers.
+  Launch l;
+  l.grid_x = blocks_for(a.Sq, 64 * kQatConsumers);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.block = 128 * (1 + kQatConsumers);
+  l.smem = static_cast<size_t>(
+      kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
   const std::string name =
       fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
   launch("sm90", name.c_str(), h.device, l, stream, params);
@@ -112,28 +105,12 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
          encode(*api, a.dout, a.B, a.Hq, a.Sq, D, &params->dout);
 }
 
-// EXPERIMENTAL, for an A/B in one device run (tools/device/experiments.sh): FVATTN_EXPERIMENT
-// holds the names of the variants to run: qat-compact-dq (QAT's dQ in VSA's compact shape,
-// attention_dq_compact_sm90.cuh), pdl (dK/dV launched to overlap dQ's last wave).
-static bool experiment(const char* what) {
-  const char* e = std::getenv("FVATTN_EXPERIMENT");
-  return e != nullptr && std::strstr(e, what) != nullptr;
-}
-
 void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                     int64_t D, int32_t dtype, void* stream) {
-  const kern::AttentionParams& a = params.a;
-  if (kind == Sm90Kind::kVsa || experiment("qat-compact-dq")) {  // attention_dq_compact_sm90.cuh
-    const std::string name =
-        kind == Sm90Kind::kVsa ? fmt::format("fva_sm90_vsa_bwd_dq_{}_d{}", dtype_suffix(dtype), D)
-                               : fmt::format("fva_sm90_qat_bwd_dq_compact_{}_d{}", dtype_suffix(dtype), D);
-    launch("sm90", name.c_str(), h.device, compact_launch(a, D, 4), stream, params);
-    return;
-  }
-  const Launch l = query_side_launch(
-      a, kQatConsumers, kern::sm90_dq_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
-  const std::string name = fmt::format("fva_sm90_qat_bwd_dq_{}_d{}", dtype_suffix(dtype), D);
-  launch("sm90", name.c_str(), h.device, l, stream, params);
+  // attention_dq_sm90.cuh: one 128-thread block per 64 query rows, Q, dO, K and V tiles.
+  const std::string name = fmt::format("fva_sm90_{}_bwd_dq_{}_d{}",
+                                       kind == Sm90Kind::kQat ? "qat" : "vsa", dtype_suffix(dtype), D);
+  launch("sm90", name.c_str(), h.device, compact_launch(params.a, D, 4), stream, params);
 }
 
 bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale) {
@@ -148,9 +125,6 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
   l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hkv);
   l.block = 256;  // a producer and a consumer warpgroup
   l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages));
-  // EXPERIMENTAL (FVATTN_EXPERIMENT=pdl): start under the last wave of the sm90 dQ kernel, which
-  // every caller launches just before this one; dK/dV reads nothing dQ writes.
-  l.overlap_previous = experiment("pdl");
   const std::string name =
       kind == Sm90Kind::kQat
           ? fmt::format("fva_sm90_qat_bwd_dkdv_{}_d{}", dtype_suffix(dtype), D)
