@@ -19,7 +19,7 @@
 
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
-#include "hopper/query_stream_sm90.cuh"  // zero_tile_rows
+#include "hopper/query_stream_sm90.cuh"  // zero_tile_rows, RegisterSplit
 
 namespace fva::dev::sm90 {
 
@@ -92,7 +92,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
 
   if (warpgroup == 0) {
     // ---- producer ------------------------------------------------------------------------------
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<RegisterSplit<1>::kProducer>();
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
       if (lane == 0) {
@@ -142,7 +142,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   }
 
   // ---- consumer ---------------------------------------------------------------------------------
-  setmaxnreg_inc<232>();
+  setmaxnreg_inc<RegisterSplit<1>::kConsumer>();
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int slot_base = warp * 16 + g;  // this thread's keys: slot_base, slot_base + 8

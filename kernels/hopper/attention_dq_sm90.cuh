@@ -115,30 +115,23 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  if (tid == 0) {
-    tiles.init_barriers();
+  tiles.setup([&] {
     tma_prefetch_descriptor(&P.q);
     tma_prefetch_descriptor(&P.dout);
     tma_prefetch_descriptor(&P.k);
     tma_prefetch_descriptor(&P.v);
-  }
-  __syncthreads();
-
-  const int bh = blockIdx.y;
-  const int b = bh / p.Hq, h = bh % p.Hq;
-  const int hk = h / (p.Hq / p.Hkv);
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * 64;
+  });
+  const CompactBlock at(p);
+  const int bh = at.bh, b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
   const Schedule sched(p, b, h, row0);
   const int first = sched.first();
-  if (tid == 0) {
-    tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b, 2);  // Q and dO on one barrier
-    tiles.load(kDO, &P.dout, tiles.bar_query(), row0, h, b, 0);
-    if (first >= 0) {
-      tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(first), hk, b);
-      tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(first), hk, b);
-    }
-  }
+  tiles.load_first(
+      [&] {
+        tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b, 2);  // Q and dO on one barrier
+        tiles.load(kDO, &P.dout, tiles.bar_query(), row0, h, b, 0);
+      },
+      &P.k, &P.v, at, sched, first);
 
   float lse[2], delta[2];
   load_dq_row_stats(p, b, h, bh, row_base, lse, delta);

@@ -44,28 +44,18 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  if (tid == 0) {
-    tiles.init_barriers();
+  tiles.setup([&] {
     tma_prefetch_descriptor(&P.q);
     tma_prefetch_descriptor(&P.k);
     tma_prefetch_descriptor(&P.v);
-  }
-  __syncthreads();
-
-  const int bh = blockIdx.y;
-  const int b = bh / p.Hq, h = bh % p.Hq;
-  const int hk = h / (p.Hq / p.Hkv);
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * 64;
+  });
+  const CompactBlock at(p);
+  const int b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
   const Schedule sched(p, b, h, row0);
   const int first = sched.first();
-  if (tid == 0) {
-    tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b);
-    if (first >= 0) {
-      tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(first), hk, b);
-      tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(first), hk, b);
-    }
-  }
+  tiles.load_first([&] { tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b); }, &P.k, &P.v, at,
+                   sched, first);
 
   float o[D / 2];
 #pragma unroll

@@ -10,6 +10,18 @@
 
 namespace fva::dev::sm90 {
 
+// Where a compact block works: (b, q head h) = blockIdx.y (bh = b Hq + h), the K/V head hk, and 64
+// query rows from row0, the last row tiles first (causal QAT: they see the most keys).
+struct CompactBlock {
+  int bh, b, h, hk, row0;
+  __device__ __forceinline__ explicit CompactBlock(const kern::AttentionParams& p)
+      : bh(blockIdx.y),
+        b(bh / p.Hq),
+        h(bh % p.Hq),
+        hk(h / (p.Hq / p.Hkv)),
+        row0((gridDim.x - 1 - blockIdx.x) * 64) {}
+};
+
 template <int D, int kTiles>
 struct CompactTiles {
   static constexpr int kRegionBytes = 64 * 128;
@@ -40,6 +52,32 @@ struct CompactTiles {
     if (arm_tiles > 0) mbar_arrive_expect_tx(bar, arm_tiles * kTileBytes);
     for (int r = 0; r < kRegions; ++r)
       tma_load_4d(tile(dst) + r * kRegionBytes, map, bar, 64 * r, row, head, b);
+  }
+
+  // The block's start: thread 0 initializes the barriers and runs `prefetch` (the descriptors'
+  // prefetches), then the whole block meets.
+  template <typename Prefetch>
+  __device__ __forceinline__ void setup(Prefetch&& prefetch) const {
+    if (threadIdx.x == 0) {
+      init_barriers();
+      prefetch();
+    }
+    __syncthreads();
+  }
+
+  // Thread 0: `load_query` (the query-side tiles: tile 0 onward, on the query barrier) and, when
+  // the schedule lists a key tile (`first` >= 0), its K and V into the last two tiles.
+  template <typename LoadQuery, typename Schedule>
+  __device__ __forceinline__ void load_first(LoadQuery&& load_query, const kern::TensorMap* k,
+                                             const kern::TensorMap* v, const CompactBlock& at,
+                                             const Schedule& sched, int first) const {
+    if (threadIdx.x == 0) {
+      load_query();
+      if (first >= 0) {
+        load(kTiles - 2, k, bar_k(), sched.key0(first), at.hk, at.b);
+        load(kTiles - 1, v, bar_v(), sched.key0(first), at.hk, at.b);
+      }
+    }
   }
 };
 

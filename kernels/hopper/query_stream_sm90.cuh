@@ -18,11 +18,11 @@ namespace fva::dev::sm90 {
 template <int kConsumers>
 struct RegisterSplit;
 template <>
-struct RegisterSplit<1> {  // 2 blocks x 256 threads: 128 each at launch
+struct RegisterSplit<1> {  // 2 blocks x 256 threads: 128 each at launch (dK/dV)
   static constexpr int kProducer = 24, kConsumer = 232;
 };
 template <>
-struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch
+struct RegisterSplit<2> {  // 1 block x 384 threads: 168 each at launch (the QAT forward)
   static constexpr int kProducer = 24, kConsumer = 240;
 };
 
