@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A/B of experimental kernel variants in one device run, ON THE GPU MACHINE from the repo root,
-# after `GPU_CHECK_STEPS=build tools/gpu-check` has built build-gpu. The library picks a variant by
-# FVATTN_EXPERIMENT (src/cuda/sm90_kernels.cpp); this script, for the baseline and each variant:
-#   1. runs the GPU tests the variant touches (TESTS: a doctest -tc filter);
+# after `GPU_CHECK_STEPS=build tools/gpu-check` has built build-gpu. The variants are picked by a
+# temporary switch that reads the environment variable FVATTN_EXPERIMENT in the library's dispatch
+# (src/cuda/sm90_kernels.cpp; commits 73939af and 6b151ab show the pattern), added for the A/B and
+# removed once it is decided: between A/B runs the library has none. For the baseline and each
+# variant, this script:
+#   1. runs the GPU tests the variant touches (a doctest -tc filter);
 #   2. benches it (`fvattn bench`, BENCH_ARGS, PyTorch SDPA alongside) into $OUT/ab-<name>.json;
 # then, per variant, compute-sanitizer racecheck and synccheck (quick mode) on the same tests,
 # and prints a table: the variant, its tests, its sanitizers and its TFLOPS per op and length.
