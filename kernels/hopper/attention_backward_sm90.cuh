@@ -160,10 +160,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   float(&dpt_flat)[32] = reinterpret_cast<float(&)[32]>(dpt);
   uint32_t a_p[4][4], a_ds[4][4];  // Pᵀ (or FQ_P) and dSᵀ: the 4 k16 steps of the tile's queries
   auto keep_alive = [&]() {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a_p[i][e]), "+r"(a_ds[i][e]));
+    keep_operands_alive(a_p);
+    keep_operands_alive(a_ds);
   };
 
   mbar_wait(bar_kv, 0);

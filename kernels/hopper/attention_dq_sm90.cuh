@@ -144,12 +144,6 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
   float(&dp_flat)[32] = reinterpret_cast<float(&)[32]>(dp);
   uint32_t a_ds[4][4];  // dS as the A operands of the tile's 4 k16 steps (keys)
-  auto keep_alive = [&]() {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a_ds[i][e]));
-  };
 
   mbar_wait(tiles.bar_query(), 0);
   uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
@@ -177,13 +171,11 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     }
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
     wgmma_fence();
-#pragma unroll
-    for (int step = 0; step < 4; ++step)
-      wgmma_rs_mn<T, D>(dq, a_ds[step], smem_descriptor(k_tile + step * 2048, L::kRegionBytes, 1024));
+    wgmma_rs_tile<T, D>(dq, a_ds, k_tile);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(dq);
-    keep_alive();
+    keep_operands_alive(a_ds);
     warpgroup_sync();
     if (tid == 0 && next >= 0) tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(next), hk, b);
     phase ^= 1;

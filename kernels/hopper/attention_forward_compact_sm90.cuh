@@ -67,12 +67,6 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   // P of the tile's 4 k16 steps as A operands of P·V, kept alive until the wait that covers P·V
   // (the tensor cores read them after the issuing instruction).
   uint32_t a_hp[4][4], a_none[1][4];
-  auto keep_alive = [&]() {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a_hp[i][e]));
-  };
 
   mbar_wait(tiles.bar_query(), 0);
   uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
@@ -109,13 +103,11 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     mbar_wait(tiles.bar_v(), phase);
     if (n_valid < 64) zero_tile_rows<L::kRegions>(v_tile, n_valid, tid);  // 0 * NaN is not 0
     wgmma_fence();
-#pragma unroll
-    for (int step = 0; step < 4; ++step)
-      wgmma_rs_mn<T, D>(o, a_hp[step], smem_descriptor(v_tile + step * 2048, L::kRegionBytes, 1024));
+    wgmma_rs_tile<T, D>(o, a_hp, v_tile);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
-    keep_alive();
+    keep_operands_alive(a_hp);
     warpgroup_sync();
     if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
     phase ^= 1;

@@ -133,13 +133,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   auto k_tile = [&](int st) { return ring.k_tile(st); };
   auto v_tile = [&](int st) { return ring.v_tile(st); };
   auto keep_alive = [&]() {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        asm volatile("" : "+r"(a_hp[i][e]));
-        if constexpr (kQuantizeP) asm volatile("" : "+r"(a_q[i][e]));
-      }
+    keep_operands_alive(a_hp);
+    if constexpr (kQuantizeP) keep_operands_alive(a_q);
   };
   auto fence_accumulators = [&]() {
     fence_registers(o);

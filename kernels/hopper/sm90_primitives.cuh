@@ -255,6 +255,27 @@ __device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile,
   }
 }
 
+// A operands in registers are read by the tensor cores after the issuing wgmma instruction: each
+// register is pinned (an empty asm that "modifies" it) until the wait that covers its product, so
+// the compiler cannot reuse it in between.
+template <int M>
+__device__ __forceinline__ void keep_operands_alive(uint32_t (&a)[M][4]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e]));
+}
+
+// acc += A B over the 64 rows of `b_tile`: its 4 k16 steps (16 rows, 2048 bytes each) read
+// MN-major, A from registers (a[step]). Issues only: the caller fences, commits and waits.
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_rs_tile(float (&acc)[D / 2], const uint32_t (&a)[4][4],
+                                              uint32_t b_tile) {
+#pragma unroll
+  for (int step = 0; step < 4; ++step)
+    wgmma_rs_mn<T, D>(acc, a[step], smem_descriptor(b_tile + step * 2048, 64 * 128, 1024));
+}
+
 // The 128 threads of one consumer warpgroup meet (named barrier 1; a kernel whose blocks hold
 // several consumer warpgroups must not use it): after it, every warp's products that read a tile
 // are complete, so the tile may be rewritten.
