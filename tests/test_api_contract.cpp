@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "tensor_desc.h"
+
 namespace {
 
 // Before main(): the driver is opened once per process, on the first fva_create.
@@ -34,27 +36,13 @@ struct Block {
   uint8_t* get() const { return mem.get(); }
 };
 
-size_t elem_size(int32_t dtype) { return dtype == FVA_DTYPE_BF16 || dtype == FVA_DTYPE_F16 ? 2 : 4; }
-
 // A contiguous tensor over its own block.
 struct T {
   Block block{1};
   fva_tensor_t d{};
   T() = default;
-  T(int32_t dtype, std::vector<int64_t> shape) {
-    size_t n = elem_size(dtype);
-    for (int64_t s : shape) n *= static_cast<size_t>(s);
-    block = Block(n);
-    d.data = block.get();
-    d.dtype = dtype;
-    d.rank = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (int i = d.rank - 1; i >= 0; --i) {
-      d.shape[i] = shape[static_cast<size_t>(i)];
-      d.strides[i] = stride;
-      stride *= shape[static_cast<size_t>(i)];
-    }
-  }
+  T(int32_t dtype, const std::vector<int64_t>& shape)
+      : block(fvadesc::contiguous_bytes(dtype, shape)), d(fvadesc::contiguous(block.get(), dtype, shape)) {}
   // Fill with a valid value pattern (inputs must be finite for the calls that succeed).
   void fill_inputs() {
     if (d.dtype == FVA_DTYPE_I32) return;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor_desc.h"
+
 namespace {
 
 bool cuda_handle(fva_handle_t* h) {
@@ -22,18 +24,7 @@ bool cuda_handle(fva_handle_t* h) {
 }
 
 fva_tensor_t bhsd(void* data, int64_t B, int64_t H, int64_t S, int64_t D) {
-  fva_tensor_t t{};
-  t.data = data;
-  t.dtype = FVA_DTYPE_BF16;
-  t.rank = 4;
-  const int64_t shape[4] = {B, H, S, D};
-  int64_t stride = 1;
-  for (int i = 3; i >= 0; --i) {
-    t.shape[i] = shape[i];
-    t.strides[i] = stride;
-    stride *= shape[i];
-  }
-  return t;
+  return fvadesc::contiguous(data, FVA_DTYPE_BF16, {B, H, S, D});
 }
 
 }  // namespace
@@ -91,12 +82,7 @@ TEST_CASE("CUDA backend frame") {
   std::memset(out, 0x5a, sizeof out);
   fva_tensor_t tq = bhsd(q, B, H, S, D), tk = bhsd(k, B, H, S, D), tv = bhsd(v, B, H, S, D);
   fva_tensor_t to = bhsd(out, B, H, S, D);
-  fva_tensor_t tl{};
-  tl.data = lse;
-  tl.dtype = FVA_DTYPE_F32;
-  tl.rank = 3;
-  tl.shape[0] = B; tl.shape[1] = H; tl.shape[2] = S;
-  tl.strides[0] = H * S; tl.strides[1] = S; tl.strides[2] = 1;
+  fva_tensor_t tl = fvadesc::contiguous(lse, FVA_DTYPE_F32, {B, H, S});
   fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
   cfg.high_precision_o = 0;
 
@@ -114,13 +100,9 @@ TEST_CASE("CUDA backend frame") {
   CHECK(std::string(fva_last_error()).find("FVA_BACKEND_CPU") != std::string::npos);
   fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
   alignas(64) static int32_t idx[B * H], num[B * H], sizes[1];
-  fva_tensor_t ti{}, tn{}, ts{};
-  ti.data = idx; ti.dtype = FVA_DTYPE_I32; ti.rank = 4;
-  ti.shape[0] = B; ti.shape[1] = H; ti.shape[2] = 1; ti.shape[3] = 1;
-  ti.strides[0] = H; ti.strides[1] = 1; ti.strides[2] = 1; ti.strides[3] = 1;
-  tn.data = num; tn.dtype = FVA_DTYPE_I32; tn.rank = 3;
-  tn.shape[0] = B; tn.shape[1] = H; tn.shape[2] = 1; tn.strides[0] = H; tn.strides[1] = 1; tn.strides[2] = 1;
-  ts.data = sizes; ts.dtype = FVA_DTYPE_I32; ts.rank = 1; ts.shape[0] = 1; ts.strides[0] = 1;
+  const fva_tensor_t ti = fvadesc::contiguous(idx, FVA_DTYPE_I32, {B, H, 1, 1});
+  const fva_tensor_t tn = fvadesc::contiguous(num, FVA_DTYPE_I32, {B, H, 1});
+  const fva_tensor_t ts = fvadesc::contiguous(sizes, FVA_DTYPE_I32, {1});
   CHECK(fva_vsa_forward(h, &vcfg, &tq, &tk, &tv, &ti, &tn, &ts, &to, &tl, nullptr, 0, nullptr) ==
         FVA_ERR_UNSUPPORTED);
   for (uint16_t x : out) REQUIRE(x == 0x5a5a);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "reference64.h"
+#include "tensor_desc.h"
 #if FVATTN_TOOLS_GPU
 #include "commands.h"
 #endif
@@ -57,21 +58,8 @@ struct Buffer {
 struct HostTensor {
   Buffer buf;
   fva_tensor_t desc{};
-  HostTensor(int32_t dtype, size_t elem_size, std::vector<int64_t> shape)
-      : buf([&] {
-          size_t n = elem_size;
-          for (int64_t s : shape) n *= static_cast<size_t>(s);
-          return n;
-        }()) {
-    desc.data = buf.get();
-    desc.dtype = dtype;
-    desc.rank = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (int i = desc.rank - 1; i >= 0; --i) {
-      desc.shape[i] = shape[static_cast<size_t>(i)];
-      desc.strides[i] = stride;
-      stride *= shape[static_cast<size_t>(i)];
-    }
+  HostTensor(int32_t dtype, const std::vector<int64_t>& shape)
+      : buf(fvadesc::contiguous_bytes(dtype, shape)), desc(fvadesc::contiguous(buf.get(), dtype, shape)) {
     std::memset(buf.get(), 0xff, buf.bytes);  // poison: NaN for every float type
   }
   size_t numel() const {
@@ -99,7 +87,7 @@ struct Operand {
   HostTensor t;
   ref64::Tensor ref;
   Operand(ref64::Shape s, std::mt19937_64& rng, bool random = true)
-      : t(FVA_DTYPE_BF16, 2, {s.B, s.H, s.S, s.D}), ref(s) {
+      : t(FVA_DTYPE_BF16, {s.B, s.H, s.S, s.D}), ref(s) {
     std::normal_distribution<double> normal;
     auto* p = static_cast<uint16_t*>(t.buf.get());
     for (size_t i = 0; i < ref.data.size(); ++i) {
@@ -234,7 +222,7 @@ Row demo_qat(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, bool back
   const ref64::Shape shape{s.B, s.H, s.S, s.D};
   Operand q(shape, rng), k(shape, rng), v(shape, rng), dout(shape, rng);
   Operand o(shape, rng, false), o_hp(shape, rng, false);
-  HostTensor lse(FVA_DTYPE_F32, 4, {s.B, s.H, s.S});
+  HostTensor lse(FVA_DTYPE_F32, {s.B, s.H, s.S});
   const fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;  // FastVideo's production preset
 
   size_t fwd_bytes = 0;
@@ -309,8 +297,8 @@ ref64::VsaIndex demo_index(const DemoShape& s, std::mt19937_64& rng, int64_t top
   return idx;
 }
 
-HostTensor i32_tensor(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
-  HostTensor t(FVA_DTYPE_I32, 4, std::move(shape));
+HostTensor i32_tensor(const std::vector<int32_t>& values, const std::vector<int64_t>& shape) {
+  HostTensor t(FVA_DTYPE_I32, shape);
   std::memcpy(t.buf.get(), values.data(), values.size() * 4);
   return t;
 }
@@ -320,7 +308,7 @@ Row demo_vsa(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, bool back
   const ref64::Shape shape{s.B, s.H, s.S, s.D};
   const int64_t nq = s.S / 64, topk = std::max<int64_t>(1, nq / 4);
   Operand q(shape, rng), k(shape, rng), v(shape, rng), dout(shape, rng), o(shape, rng, false);
-  HostTensor lse(FVA_DTYPE_F32, 4, {s.B, s.H, s.S});
+  HostTensor lse(FVA_DTYPE_F32, {s.B, s.H, s.S});
   const ref64::VsaIndex idx = demo_index(s, rng, topk);
   HostTensor q2k_idx = i32_tensor(idx.q2k_idx, {s.B, s.H, nq, topk});
   HostTensor q2k_num = i32_tensor(idx.q2k_num, {s.B, s.H, nq});

@@ -1,6 +1,6 @@
 // What the GPU commands of the fvattn tool (bench, the GPU demo) share: device buffers through the
 // CUDA runtime (the tool's own choice; libfvattn itself never links cudart), event timing, bf16
-// fills. Only built when FVATTN_CUDA=ON.
+// fills, contiguous descriptors. Only built when FVATTN_CUDA=ON.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +13,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "tensor_desc.h"
 
 namespace fvtool {
 
@@ -63,20 +65,9 @@ class DeviceArray {
   size_t bytes_ = 0;
 };
 
-// Contiguous [B, H, S, D] (or [B, H, S] for rank 3) descriptor over device memory.
-inline fva_tensor_t contiguous(void* data, int32_t dtype, std::vector<int64_t> shape) {
-  fva_tensor_t t{};
-  t.data = data;
-  t.dtype = dtype;
-  t.rank = static_cast<int32_t>(shape.size());
-  int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    t.shape[i] = shape[static_cast<size_t>(i)];
-    t.strides[i] = stride;
-    stride *= shape[static_cast<size_t>(i)];
-  }
-  return t;
-}
+// Contiguous descriptors over device memory ([B, H, S, D], [B, H, S], ...): the helper the tests
+// and the fuzzer use too.
+using fvadesc::contiguous;
 
 // Median time in ms of up to `iters` calls of fn on `stream`, each bracketed by events, after
 // `warmup` untimed calls. fn(i) may rotate among input sets by i. Long calls are timed fewer times

@@ -22,6 +22,7 @@
 
 #include "byte_reader.h"
 #include "memory_model.h"
+#include "tensor_desc.h"
 
 namespace fvafuzz {
 namespace {
@@ -142,17 +143,9 @@ fva_tensor_t attn(const Dims& d, int64_t H, int64_t S) {
   return t;
 }
 
-fva_tensor_t contiguous(int32_t dtype, std::vector<int64_t> shape) {
-  fva_tensor_t t{};
-  t.dtype = dtype;
-  t.rank = static_cast<int32_t>(shape.size());
-  int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    t.shape[i] = shape[static_cast<size_t>(i)];
-    t.strides[i] = stride;
-    stride *= t.shape[i];
-  }
-  return t;
+// A contiguous tensor; its data pointer is set by Arenas::place.
+fva_tensor_t contiguous(int32_t dtype, const std::vector<int64_t>& shape) {
+  return fvadesc::contiguous(nullptr, dtype, shape);
 }
 
 // One call being built: its tensor arguments (with how to fill each), its config as raw bytes

@@ -4,21 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tensor_desc.h"
+
 namespace fvafuzz {
 namespace {
 
 using u128 = unsigned __int128;
-
-uint64_t element_size(int32_t dtype) {
-  switch (dtype) {
-    case FVA_DTYPE_BF16:
-    case FVA_DTYPE_F16: return 2;
-    case FVA_DTYPE_F32:
-    case FVA_DTYPE_I32: return 4;
-    case FVA_DTYPE_I64: return 8;
-    default: return 0;
-  }
-}
 
 // Below mmap_min_addr on Linux: never mapped, so a stray access faults instead of passing silently.
 constexpr uintptr_t kOddBase = 0x1000;
@@ -27,8 +18,8 @@ constexpr uintptr_t kOddBase = 0x1000;
 
 std::optional<uint64_t> addressed_bytes(const fva_tensor_t& t) {
   if (t.rank < 1 || t.rank > FVA_MAX_RANK) return std::nullopt;
-  const uint64_t es = element_size(t.dtype);
-  if (es == 0) return std::nullopt;
+  const uint64_t es = fvadesc::dtype_size(t.dtype);
+  if (es == 0) return std::nullopt;  // not a dtype fvattn.h defines
   if (t.strides[t.rank - 1] != 1) return std::nullopt;
   u128 numel = 1, last = 0;
   for (int i = 0; i < t.rank; ++i) {

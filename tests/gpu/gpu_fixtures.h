@@ -1,6 +1,12 @@
 // What the GPU tests share: whether a usable CUDA device is there (and why not), CUDA handles,
 // device mirrors of HostTensors (uploaded with their poison, downloaded for comparison), and device
 // workspaces filled with 0xFF so a kernel that relies on zeroed scratch fails.
+//
+// Device memory comes from support/cuda_memory.h, the driver-API allocator every other test uses
+// (main() calls fvt::cuda::init_memory first): the memory is the primary context's, which cudart
+// (the GPU tests' streams and graphs) and the library use as well. Its calls throw on failure
+// instead of REQUIRE-ing, so these classes also serve on threads, where doctest's assertions may
+// not be used; doctest reports an exception that leaves a test case as that case's failure.
 #pragma once
 
 #include <cstdlib>
@@ -11,6 +17,7 @@
 #include <string>
 
 #include "support/api_fixtures.h"
+#include "support/cuda_memory.h"
 #include "support/host_tensor.h"
 
 namespace fvt {
@@ -21,9 +28,9 @@ namespace fvt {
     REQUIRE_MESSAGE(e_ == cudaSuccess, #call << " -> " << cudaGetErrorString(e_));      \
   } while (0)
 
-// Empty when a CUDA handle can be created and the library has an image for the device; otherwise
-// the reason the GPU tests skip.
-std::string gpu_skip_reason();
+// Empty when a CUDA handle can be created and the library has an image for the device, whose
+// ordinal goes to *device; otherwise the reason the GPU tests skip.
+std::string gpu_skip_reason(int* device);
 
 // The kernels the GPU tests run: FVATTN_TEST_KERNELS=portable pins the portable kernels (CTest runs
 // the suite both ways, so on sm_90 every test covers the native and the portable kernels).
@@ -49,15 +56,18 @@ struct CudaHandle {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes, int fill_byte = 0xFF) : bytes_(bytes) {
+  explicit DeviceBuffer(size_t bytes, uint8_t fill_byte = 0xFF) : bytes_(bytes) {
     if (bytes) {
-      CUDA_OK(cudaMalloc(&ptr_, bytes));
-      CUDA_OK(cudaMemset(ptr_, fill_byte, bytes));
+      ptr_ = cuda::alloc(bytes);
+      try {
+        cuda::fill(ptr_, fill_byte, bytes);
+      } catch (...) {
+        cuda::release(ptr_);  // the destructor does not run for a constructor that throws
+        throw;
+      }
     }
   }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
+  ~DeviceBuffer() { cuda::release(ptr_); }
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -77,12 +87,12 @@ class DeviceTensor {
     upload(h);
   }
   void upload(const HostTensor& h) {
-    if (h.bytes()) CUDA_OK(cudaMemcpy(buf_.data(), h.data(), h.bytes(), cudaMemcpyHostToDevice));
+    if (h.bytes()) cuda::copy_to_device(buf_.data(), h.data(), h.bytes());
   }
-  // Into `h` (same shape and layout as the tensor this was made from).
+  // Into `h` (same shape and layout as the tensor this was made from), after all work on the device.
   void download(HostTensor& h) const {
-    CUDA_OK(cudaDeviceSynchronize());
-    if (h.bytes()) CUDA_OK(cudaMemcpy(h.data(), buf_.data(), h.bytes(), cudaMemcpyDeviceToHost));
+    cuda::synchronize();
+    if (h.bytes()) cuda::copy_to_host(h.data(), buf_.data(), h.bytes());
   }
   const fva_tensor_t* t() const { return &desc_; }
 

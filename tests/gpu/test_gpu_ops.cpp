@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <random>
 #include <string>
@@ -27,7 +28,7 @@
 
 namespace fvt {
 
-std::string gpu_skip_reason() {
+std::string gpu_skip_reason(int* device) {
   fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
   o.backend = FVA_BACKEND_CUDA;
   fva_handle_t h = nullptr;
@@ -38,6 +39,7 @@ std::string gpu_skip_reason() {
   fva_destroy(h);
   if (std::string(info.image) == "none")
     return std::string("no kernel image for ") + info.device_name + " in this build";
+  *device = info.device;
   return "";
 }
 
@@ -711,36 +713,41 @@ TEST_CASE("GPU: eight threads sharing one handle get the serial results") {
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i)
     threads.emplace_back([&, i] {
-      // doctest assertions are not thread-safe: the threads only record what went wrong.
+      // doctest assertions are not thread-safe: the threads only record what went wrong (the
+      // device-memory calls of support/cuda_memory.h throw; caught below). Plain allocations and
+      // copies rather than DeviceTensors: their poisoning memset runs on the legacy default stream,
+      // which is not ordered with this thread's non-blocking one.
       cudaStream_t s;
       if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
         errors[i] = "cudaStreamCreate failed";
         return;
       }
-      void *q, *k, *v, *o, *oh, *l, *ws;
-      const fva_tensor_t* src[3] = {in.q.t(), in.k.t(), in.v.t()};
-      void** dst[3] = {&q, &k, &v};
-      const HostTensor* hs[3] = {&in.q, &in.k, &in.v};
-      for (int j = 0; j < 3; ++j) {
-        cudaMalloc(dst[j], hs[j]->bytes());
-        cudaMemcpy(*dst[j], hs[j]->data(), hs[j]->bytes(), cudaMemcpyHostToDevice);
+      std::vector<void*> mem;  // everything this thread allocates, freed below whatever happens
+      auto on_device = [&mem](const HostTensor& h, bool upload) {
+        mem.push_back(cuda::alloc(h.bytes()));
+        if (upload) cuda::copy_to_device(mem.back(), h.data(), h.bytes());
+        fva_tensor_t t = h.desc();
+        t.data = mem.back();
+        return t;
+      };
+      try {
+        const fva_tensor_t tq = on_device(in.q, true), tk = on_device(in.k, true), tv = on_device(in.v, true);
+        const fva_tensor_t to = on_device(outs[i].o, false), toh = on_device(outs[i].o_hp, false),
+                           tl = on_device(outs[i].lse, false);
+        size_t bytes = 0;
+        fva_status_t st = fva_qat_forward_workspace_size(gpu.h, &c.cfg, &tq, &tk, &tv, &bytes);
+        mem.push_back(cuda::alloc(bytes ? bytes : 1));
+        void* ws = mem.back();
+        for (int rep = 0; rep < 4 && st == FVA_OK; ++rep)
+          st = fva_qat_forward(gpu.h, &c.cfg, &tq, &tk, &tv, &to, &toh, &tl, ws, bytes, s);
+        if (st != FVA_OK) errors[i] = fva_last_error();
+        cudaStreamSynchronize(s);
+        cuda::copy_to_host(outs[i].o.data(), to.data, outs[i].o.bytes());
+        cuda::copy_to_host(outs[i].lse.data(), tl.data, outs[i].lse.bytes());
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
       }
-      cudaMalloc(&o, outs[i].o.bytes());
-      cudaMalloc(&oh, outs[i].o_hp.bytes());
-      cudaMalloc(&l, outs[i].lse.bytes());
-      fva_tensor_t tq = *src[0], tk = *src[1], tv = *src[2], to = outs[i].o.desc(), toh = outs[i].o_hp.desc(),
-                   tl = outs[i].lse.desc();
-      tq.data = q, tk.data = k, tv.data = v, to.data = o, toh.data = oh, tl.data = l;
-      size_t bytes = 0;
-      fva_status_t st = fva_qat_forward_workspace_size(gpu.h, &c.cfg, &tq, &tk, &tv, &bytes);
-      cudaMalloc(&ws, bytes ? bytes : 1);
-      for (int rep = 0; rep < 4 && st == FVA_OK; ++rep)
-        st = fva_qat_forward(gpu.h, &c.cfg, &tq, &tk, &tv, &to, &toh, &tl, ws, bytes, s);
-      if (st != FVA_OK) errors[i] = fva_last_error();
-      cudaStreamSynchronize(s);
-      cudaMemcpy(outs[i].o.data(), o, outs[i].o.bytes(), cudaMemcpyDeviceToHost);
-      cudaMemcpy(outs[i].lse.data(), l, outs[i].lse.bytes(), cudaMemcpyDeviceToHost);
-      for (void* p : {q, k, v, o, oh, l, ws}) cudaFree(p);
+      for (void* p : mem) cuda::release(p);
       cudaStreamDestroy(s);
     });
   for (auto& t : threads) t.join();
@@ -764,10 +771,20 @@ TEST_CASE("GPU: what the CUDA kernels do not cover is refused, naming the CPU ba
 }
 
 int main(int argc, char** argv) {
-  const std::string why = gpu_skip_reason();
+  int device = 0;
+  const std::string why = gpu_skip_reason(&device);
   if (!why.empty()) {
     std::printf("SKIPPED: no usable GPU for the GPU tests: %s\n", why.c_str());
     return 77;
+  }
+  // Device memory (gpu_fixtures.h) on the device the handles get (FVA_HANDLE_OPTIONS_INIT: the
+  // current context's, which this makes the one found above). A handle exists, so failing here is a
+  // failure, not a skip.
+  std::string no_memory;
+  if (!cuda::init_memory(device, &no_memory)) {
+    std::printf("FAILED: a CUDA handle exists but the tests cannot allocate device memory: %s\n",
+                no_memory.c_str());
+    return 1;
   }
   std::printf("seed %llu\n", static_cast<unsigned long long>(test_seed()));
   doctest::Context ctx(argc, argv);

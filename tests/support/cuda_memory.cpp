@@ -21,6 +21,7 @@ struct Api {
   CUresult (*cuCtxSetCurrent)(CUcontext);
   CUresult (*cuMemAlloc_v2)(CUdeviceptr*, size_t);
   CUresult (*cuMemFree_v2)(CUdeviceptr);
+  CUresult (*cuMemsetD8_v2)(CUdeviceptr, unsigned char, size_t);
   CUresult (*cuMemcpyHtoD_v2)(CUdeviceptr, const void*, size_t);
   CUresult (*cuMemcpyDtoH_v2)(void*, CUdeviceptr, size_t);
   CUresult (*cuCtxSynchronize)();
@@ -48,7 +49,8 @@ void load(int ordinal) {
   if (!bind(lib, "cuInit", &a.cuInit) || !bind(lib, "cuDeviceGet", &a.cuDeviceGet) ||
       !bind(lib, "cuDevicePrimaryCtxRetain", &a.cuDevicePrimaryCtxRetain) ||
       !bind(lib, "cuCtxSetCurrent", &a.cuCtxSetCurrent) || !bind(lib, "cuMemAlloc_v2", &a.cuMemAlloc_v2) ||
-      !bind(lib, "cuMemFree_v2", &a.cuMemFree_v2) || !bind(lib, "cuMemcpyHtoD_v2", &a.cuMemcpyHtoD_v2) ||
+      !bind(lib, "cuMemFree_v2", &a.cuMemFree_v2) || !bind(lib, "cuMemsetD8_v2", &a.cuMemsetD8_v2) ||
+      !bind(lib, "cuMemcpyHtoD_v2", &a.cuMemcpyHtoD_v2) ||
       !bind(lib, "cuMemcpyDtoH_v2", &a.cuMemcpyDtoH_v2) ||
       !bind(lib, "cuCtxSynchronize", &a.cuCtxSynchronize))
     return;
@@ -66,8 +68,12 @@ void require(CUresult r, const char* call) {
   if (r != 0) throw std::runtime_error(std::string(call) + " failed, CUresult " + std::to_string(r));
 }
 
-// The primary context, current on the calling thread (a test may move between threads).
-void make_current() { require(g_api.cuCtxSetCurrent(g_ctx), "cuCtxSetCurrent"); }
+// The primary context, current on the calling thread (a test may move between threads). Before
+// init_memory has succeeded there are no driver entry points to call: say so instead of crashing.
+void make_current() {
+  if (!g_ok) throw std::runtime_error("fvt::cuda: device memory used before init_memory() succeeded");
+  require(g_api.cuCtxSetCurrent(g_ctx), "cuCtxSetCurrent");
+}
 
 CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
 
@@ -93,6 +99,11 @@ void* alloc(size_t bytes) {
 
 void release(void* p) noexcept {
   if (p && g_ok) g_api.cuMemFree_v2(dptr(p));
+}
+
+void fill(void* dst, uint8_t byte, size_t bytes) {
+  make_current();
+  require(g_api.cuMemsetD8_v2(dptr(dst), byte, bytes), "cuMemsetD8");
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "reference64.h"
+#include "tensor_desc.h"
 
 namespace fvt {
 
@@ -24,14 +25,9 @@ const char* dtype_name(int32_t dtype) {
 }
 
 size_t dtype_size(int32_t dtype) {
-  switch (dtype) {
-    case FVA_DTYPE_BF16:
-    case FVA_DTYPE_F16: return 2;
-    case FVA_DTYPE_F32:
-    case FVA_DTYPE_I32: return 4;
-    case FVA_DTYPE_I64: return 8;
-    default: throw std::invalid_argument("dtype_size: unknown dtype");
-  }
+  const size_t n = fvadesc::dtype_size(dtype);
+  if (n == 0) throw std::invalid_argument("dtype_size: unknown dtype");
+  return n;
 }
 
 // ---- AlignedBuffer --------------------------------------------------------------------------------
@@ -109,10 +105,9 @@ HostTensor::HostTensor(int32_t dtype, std::vector<int64_t> shape, Layout layout,
     }
     extent = B * H * S * pitch;
   } else {
-    for (int i = rank - 1; i >= 0; --i) {
-      strides_[i] = extent;
-      extent *= shape_[i];
-    }
+    const fva_tensor_t c = fvadesc::contiguous(nullptr, dtype, shape_);
+    strides_.assign(c.strides, c.strides + rank);
+    extent = numel();
   }
   buf_ = AlignedBuffer(static_cast<size_t>(extent) * dtype_size(dtype));
   desc_.data = buf_.data();

@@ -24,6 +24,8 @@ enum class Layout {
 };
 
 const char* dtype_name(int32_t dtype);
+// fvadesc::dtype_size (tools/tensor_desc), but an unknown dtype throws std::invalid_argument: here it
+// can only be a bug in the test.
 size_t dtype_size(int32_t dtype);
 
 // 64-byte aligned host memory of exactly `bytes` bytes (none when bytes is 0: data() is null).
