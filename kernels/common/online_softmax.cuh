@@ -40,7 +40,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // a_hp / a_q: P (and FQ_P(P)) as the A operands of the kNT / 2 k16 steps of P·V.
 // second_of(pr, second): the second-level NVFP4 factors of the two rows; BlockScalesOnly (block
 // scales) selects the short form of the quantization for p >= 0.
-template <typename T, int kNT, bool kQuantizeP, typename SecondLevelOf>
+// EXPERIMENT kVariant bits: 1 = one FFMA for s * scale - m and the fp32 l sum; 2 = FQ_P in packed
+// dtype arithmetic (quad-shared block scales); 4 = lazy max (rescale only past 2^8).
+template <typename T, int kNT, bool kQuantizeP, int kVariant = 0, typename SecondLevelOf>
 __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2],
                                                     float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
@@ -56,7 +58,10 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], __fmul_rn(quad_max(mx[r]), scale_log2));
+    float m_new = fmaxf(m[r], __fmul_rn(quad_max(mx[r]), scale_log2));
+    if constexpr ((kVariant & 4) != 0) {
+      if (m_new <= m[r] + 8.0f) m_new = m[r];
+    }
     // All logits -inf (VSA: every key masked so far): p = 0, not 2^(-inf + inf).
     m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
     alpha[r] = fast_exp2(m[r] - m_use[r]);
@@ -68,7 +73,12 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) pr[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
+    for (int e = 0; e < 4; ++e) {
+      if constexpr ((kVariant & 1) != 0)
+        pr[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
+      else
+        pr[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
+    }
 
 #pragma unroll
   for (int kb = 0; kb < kNT / 2; ++kb) {
@@ -82,7 +92,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   // packed operands, which hold exactly those roundings, in the same order), the plain path and VSA
   // the fp32 p.
   float rs[2] = {0.0f, 0.0f};
-  if constexpr (kQuantizeP) {
+  if constexpr (kQuantizeP && (kVariant & 1) == 0) {
 #pragma unroll
     for (int kb = 0; kb < kNT / 2; ++kb)
 #pragma unroll
@@ -124,6 +134,18 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
           a[2 * kb + r] = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r + 1]);
         }
       halving_max<4, 2, 2>(a);  // lane bits 1, 0: t
+      if constexpr ((kVariant & 2) != 0) {
+        const uint32_t mine = packed_block_scale<T>(a[0]);
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t sr = __shfl_sync(0xffffffffu, mine, (lane & ~3) | (2 * kb + r));
+            a_q[kb][r] = packed_fake_quant_nonneg<T>(a_hp[kb][r], sr);
+            a_q[kb][2 + r] = packed_fake_quant_nonneg<T>(a_hp[kb][2 + r], sr);
+          }
+        return;
+      }
       const Nvfp4Group mine = nvfp4_group(a[0], 1.0f, 1.0f);
 #pragma unroll
       for (int kb = 0; kb < 2; ++kb)
