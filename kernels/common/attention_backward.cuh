@@ -157,7 +157,7 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
         const int r = e >> 1;
         const bool vis = sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid) &&
                          lse[r] != -CUDART_INF_F;
-        const float pv = vis ? fast_exp2(__fmul_rn(s[j][e], p.scale_log2) - lse[r]) : 0.0f;
+        const float pv = vis ? fast_exp2(fmaf(s[j][e], p.scale_log2, -lse[r])) : 0.0f;
         ds[e] = T::round(pv * (dp[j][e] - delta[r]));
         ds_sum[r] += ds[e];
       }
@@ -315,7 +315,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
         const float l = lse_t[col];
         const bool vis = cur.row0 + col < p.Sq && l != -CUDART_INF_F &&
                          sched.visible(cur.row0 + col, k0 + key_slot, key_slot, n_keys);
-        pt[j][e] = vis ? fast_exp2(__fmul_rn(st[j][e], p.scale_log2) - l) : 0.0f;
+        pt[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
         ds[e] = T::round(pt[j][e] * (dpt[j][e] - delta_t[col]));
       }
       a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);

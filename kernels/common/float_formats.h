@@ -123,15 +123,19 @@ FVA_HD float e4m3_round_magnitude(float x) {
 constexpr float kE2M1Max = 6.0f;
 
 #if defined(__CUDACC__)
-// |y| rounded to the E2M1 grid on the device, in 7 instructions: adding and subtracting c, a power
+// |y| rounded to the E2M1 grid on the device, in 5 instructions: adding and subtracting c, a power
 // of two whose fp32 ulp is the grid step (2^22: step 0.5 below 2; 2^23: step 1 below 4; 2^24:
-// step 2 above), rounds a to the step with round-half-to-even, which is E2M1's tie rule (0.25 -> 0,
-// 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4); fminf saturates at 6 (inf: inf - c = inf; NaN: fminf gives
-// 6). a >= 0 or NaN. Equal to e2m1_round's host ladder for every such float: tests/gpu/
-// nvfp4_device_parity compares them on every run.
+// step 2 above), rounds to the step with round-half-to-even, which is E2M1's tie rule (0.25 -> 0,
+// 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4). The input is saturated at 6 first (inf and NaN too:
+// fminf returns the number), so c = 2^22 * 2^floor(log2(max(y, 1))), the exponent bits of
+// max(y, 1), and both steps are FMAs with that power of two: y + c rounds once, (y + c) - c is
+// exact. a >= 0 or NaN. Equal to e2m1_round's host ladder for every such float (checked
+// exhaustively on the host over all non-NaN patterns; tests/gpu/nvfp4_device_parity compares them,
+// NaNs included, on every GPU run).
 __device__ __forceinline__ float e2m1_round_magnitude_device(float a) {
-  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
-  return fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
+  const float y = fminf(a, 6.0f);
+  const float step = __uint_as_float(__float_as_uint(fmaxf(y, 1.0f)) & 0x7f800000u);  // 1, 2, 4
+  return fmaf(step, -4194304.0f, fmaf(step, 4194304.0f, y));
 }
 #endif
 

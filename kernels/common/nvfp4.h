@@ -72,6 +72,33 @@ FVA_HD Nvfp4Group nvfp4_group(float amax, float enc, float dec) {
   return g;
 }
 
+// 1 / s for a block-scale group's scale s on the device: the reciprocal's fast path (MUFU.RCP and
+// one Newton step, the sequence the compiler emits for 1.0f / s when s is well inside the normal
+// range), without the range check and slow-path call around it. A block scale is 0 (handled
+// here) or an E4M3 value in [2^-9, 448], inside that range, where the sequence is correctly
+// rounded: it equals 1.0f / s for every such s (tests/gpu/nvfp4_device_parity checks all of them).
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float nvfp4_block_reciprocal(float s) {
+  if (!(s > 0.0f)) return 0.0f;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  return fmaf(r, fmaf(-s, r, 1.0f), r);
+}
+#endif
+
+// nvfp4_group in block mode (enc = dec = 1), the form the kernels use for P.
+FVA_HD Nvfp4Group nvfp4_block_group(float amax) {
+#if defined(__CUDA_ARCH__)
+  Nvfp4Group g;
+  g.e4m3 = e4m3_round_magnitude(nvfp4_div6(amax));
+  g.dec = 1.0f;
+  g.reciprocal = nvfp4_block_reciprocal(g.e4m3);
+  return g;
+#else
+  return nvfp4_group(amax, 1.0f, 1.0f);
+#endif
+}
+
 // x fake-quantized with its group's scale, in fp32 (callers round to the tensor dtype). The decode
 // is (e2m1 * s) * dec, left to right as FastVideo evaluates it: e2m1 * s is exact (3 + 4 significant
 // bits), so block mode rounds only once, to the dtype; tile and row modes round the product with dec

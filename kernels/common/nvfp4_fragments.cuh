@@ -43,88 +43,6 @@ __device__ __forceinline__ Nvfp4Group nvfp4_block_group_from(const Nvfp4Group& m
   return grp;
 }
 
-// EXPERIMENT: FQ_P of a pair of probabilities in the dtype's packed arithmetic. The pair is the
-// dtype-rounded p (the P·V operand); y = p * r (r rounded to the dtype) is rounded to the E2M1 grid
-// by adding and subtracting c, a power of two whose ulp in the dtype is the grid's spacing at y
-// (0.5 below 2, 1 below 4, 2 below 8), then clamped to 6 and multiplied by s (exact: 1 x 4
-// significant bits). sr: s in the low half, r in the high half.
-template <typename T>
-struct PackedNvfp4;
-template <>
-struct PackedNvfp4<Bf16> {
-  static constexpr uint32_t kSix = 0x40c040c0u, kOne = 0x3f803f80u, kExponent = 0x7f807f80u,
-                            kMagic = 0x03000300u;  // c = 2^6 max(1, 2^floor(log2 y)): ulp 2^-7 c
-  static __device__ __forceinline__ uint32_t mul(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ uint32_t add(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ uint32_t sub(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ uint32_t min(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-};
-template <>
-struct PackedNvfp4<F16> {
-  static constexpr uint32_t kSix = 0x46004600u, kOne = 0x3c003c00u, kExponent = 0x7c007c00u,
-                            kMagic = 0x24002400u;  // c = 2^9 max(1, 2^floor(log2 y)): ulp 2^-10 c
-  static __device__ __forceinline__ uint32_t mul(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ uint32_t add(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ uint32_t sub(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ uint32_t min(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-};
-
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// s and r = 1 / s of a block-scale group (0 and 0 for a scale that rounds to 0), packed.
-template <typename T>
-__device__ __forceinline__ uint32_t packed_block_scale(float amax) {
-  const float s = e4m3_round_magnitude(nvfp4_div6(amax));
-  float r = 0.0f;
-  if (s > 0.0f) asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
-  return T::pack(s, r);
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t packed_fake_quant_nonneg(uint32_t p2, uint32_t sr) {
-  using Ops = PackedNvfp4<T>;
-  const uint32_t s2 = __byte_perm(sr, 0, 0x1010), r2 = __byte_perm(sr, 0, 0x3232);
-  const uint32_t y = Ops::min(Ops::mul(p2, r2), Ops::kSix);
-  const uint32_t c = (max_u16x2(y, Ops::kOne) & Ops::kExponent) + Ops::kMagic;
-  return Ops::mul(Ops::sub(Ops::add(y, c), c), s2);
-}
-
 // Block-scale FQ_P of P in the dK/dV layout, for a warp's 16 keys x 8 n8 tiles of queries: the
 // group of (tile j, column i) is v[j][i] and v[j][2 + i] of the 8 lanes 4g + t (g = 0..7) that share
 // t. Every lane of a column would otherwise compute all 16 of its groups' scales (the E4M3 rounding
@@ -142,7 +60,7 @@ __device__ __forceinline__ void fake_quantize_columns_block(float (&v)[8][4]) {
     for (int i = 0; i < 2; ++i)
       a[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
   halving_max<16, 3, 16>(a);  // lane bits 4, 3, 2: g's bits 2, 1, 0
-  const Nvfp4Group mine[2] = {nvfp4_group(a[0], 1.0f, 1.0f), nvfp4_group(a[1], 1.0f, 1.0f)};
+  const Nvfp4Group mine[2] = {nvfp4_block_group(a[0]), nvfp4_block_group(a[1])};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int src = 4 * j + (lane & 3);

@@ -3,7 +3,7 @@
 // warp's 16 query rows with the m16n8 accumulator layout (device_primitives.cuh), so the same code
 // turns a sub-tile of scores into the A-operand fragments of P·V:
 //     m' = max(m, rowmax(s) * scale_log2);  p = 2^(s * scale_log2 - m');  alpha = 2^(m - m')
-//     l  = l * alpha + rowsum(p)           (QAT: the p rounded to the dtype, FastVideo's sum)
+//     l  = l * alpha + rowsum(p)           (fp32 p; FastVideo's QAT sums the dtype-rounded p)
 //     P operands: the dtype-rounded p, and (kQuantizeP) FQ_P(p) with 16-key NVFP4 groups.
 // Masking happens before (the schedules say what a masked logit becomes).
 #pragma once
@@ -40,9 +40,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // a_hp / a_q: P (and FQ_P(P)) as the A operands of the kNT / 2 k16 steps of P·V.
 // second_of(pr, second): the second-level NVFP4 factors of the two rows; BlockScalesOnly (block
 // scales) selects the short form of the quantization for p >= 0.
-// EXPERIMENT kVariant bits: 1 = one FFMA for s * scale - m and the fp32 l sum; 2 = FQ_P in packed
-// dtype arithmetic (quad-shared block scales); 4 = lazy max (rescale only past 2^8).
-template <typename T, int kNT, bool kQuantizeP, int kVariant = 0, typename SecondLevelOf>
+template <typename T, int kNT, bool kQuantizeP, bool kFusedExponent = true, typename SecondLevelOf>
 __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2],
                                                     float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
@@ -58,23 +56,23 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float m_new = fmaxf(m[r], __fmul_rn(quad_max(mx[r]), scale_log2));
-    if constexpr ((kVariant & 4) != 0) {
-      if (m_new <= m[r] + 8.0f) m_new = m[r];
-    }
+    const float m_new = fmaxf(m[r], __fmul_rn(quad_max(mx[r]), scale_log2));
     // All logits -inf (VSA: every key masked so far): p = 0, not 2^(-inf + inf).
     m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
     alpha[r] = fast_exp2(m[r] - m_use[r]);
     m[r] = m_new;
   }
 
-  // p = 2^(s * scale * log2e - m), relative to the running max (not rounded yet).
+  // p = 2^(s * scale * log2e - m), relative to the running max (not rounded yet). The exponent is
+  // one FMA (one rounding where the CPU reference rounds the product and then the difference: p
+  // moves by an ulp at most); kFusedExponent = false keeps the two steps for a kernel at its
+  // register cap, where the FMA form made ptxas spill (the compact VSA forward: 12 bytes).
   float pr[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if constexpr ((kVariant & 1) != 0)
+      if constexpr (kFusedExponent)
         pr[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
       else
         pr[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
@@ -88,26 +86,14 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
     a_hp[kb][3] = T::pack(pr[2 * kb + 1][2], pr[2 * kb + 1][3]);
   }
 
-  // l: the quantized path sums p rounded to the dtype (FastVideo's QAT kernel; read back from the
-  // packed operands, which hold exactly those roundings, in the same order), the plain path and VSA
-  // the fp32 p.
+  // l: the sum of the fp32 p (FastVideo's QAT kernel sums p rounded to the dtype; the two differ
+  // by the dtype's rounding errors, unbiased and averaging out, well under 2^-9 of l: unpacking
+  // the rounded values again cost two instructions per element).
   float rs[2] = {0.0f, 0.0f};
-  if constexpr (kQuantizeP && (kVariant & 1) == 0) {
 #pragma unroll
-    for (int kb = 0; kb < kNT / 2; ++kb)
+  for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        rs[r] += T::low(a_hp[kb][r]);
-        rs[r] += T::high(a_hp[kb][r]);
-        rs[r] += T::low(a_hp[kb][2 + r]);
-        rs[r] += T::high(a_hp[kb][2 + r]);
-      }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) rs[e >> 1] += pr[j][e];
-  }
+    for (int e = 0; e < 4; ++e) rs[e >> 1] += pr[j][e];
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
   if constexpr (kQuantizeP) {
@@ -134,19 +120,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
           a[2 * kb + r] = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r + 1]);
         }
       halving_max<4, 2, 2>(a);  // lane bits 1, 0: t
-      if constexpr ((kVariant & 2) != 0) {
-        const uint32_t mine = packed_block_scale<T>(a[0]);
-#pragma unroll
-        for (int kb = 0; kb < 2; ++kb)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t sr = __shfl_sync(0xffffffffu, mine, (lane & ~3) | (2 * kb + r));
-            a_q[kb][r] = packed_fake_quant_nonneg<T>(a_hp[kb][r], sr);
-            a_q[kb][2 + r] = packed_fake_quant_nonneg<T>(a_hp[kb][2 + r], sr);
-          }
-        return;
-      }
-      const Nvfp4Group mine = nvfp4_group(a[0], 1.0f, 1.0f);
+      const Nvfp4Group mine = nvfp4_block_group(a[0]);
 #pragma unroll
       for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
@@ -170,7 +144,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 #pragma unroll
           for (int i = 0; i < 4; ++i) amax = nvfp4_amax_step(amax, x[i]);
           if constexpr (kBlock) {
-            const Nvfp4Group grp = nvfp4_group(quad_max(amax), 1.0f, 1.0f);
+            const Nvfp4Group grp = nvfp4_block_group(quad_max(amax));
 #pragma unroll
             for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
           } else {

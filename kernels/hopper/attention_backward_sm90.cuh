@@ -211,7 +211,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
         const int key_slot = slot_base + 8 * (e >> 1);
         const float l = (e & 1) ? lse.y : lse.x;
         const bool vis = l != -CUDART_INF_F && sched.visible(row, k0 + key_slot, key_slot, n_keys);
-        st[j][e] = vis ? fast_exp2(__fmul_rn(st[j][e], p.scale_log2) - l) : 0.0f;
+        st[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
         ds[e] = st[j][e] * (dpt[j][e] - ((e & 1) ? delta.y : delta.x));
       }
       a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);

@@ -65,7 +65,7 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
       const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
       const bool vis = (lse[r] != -CUDART_INF_F) &
                        (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
-      const float pv = fast_exp2(__fmul_rn(s[j][e], scale_log2) - lse[r]);
+      const float pv = fast_exp2(fmaf(s[j][e], scale_log2, -lse[r]));
       ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
       ds_sum[r] += ds[e];
     }

@@ -29,7 +29,7 @@
 
 namespace fva::dev::sm90 {
 
-template <typename T, int D, typename Schedule, int kVariant = 0>
+template <typename T, int D, typename Schedule>
 __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90ForwardParams& P,
                                                                char* smem) {
   using L = CompactTiles<D, 3>;
@@ -91,7 +91,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
           if (j * 8 + 2 * t + (e & 1) >= n_valid) s[j][e] = Schedule::kMaskedLogit;
     }
     float alpha[2];
-    online_softmax_step<T, kNT, false, kVariant>(s, m, l, alpha, p.scale_log2, a_hp, a_none,
+    online_softmax_step<T, kNT, false, false>(s, m, l, alpha, p.scale_log2, a_hp, a_none,
                                        BlockScalesOnly{});
     // Skipped when no row of the warpgroup raised its max (alpha exactly 1); the vote is the
     // warpgroup's so that every warp reaches the P·V below at the same instruction.

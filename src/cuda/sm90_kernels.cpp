@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "kernel_images.h"
 #include "params.h"
 
@@ -61,12 +59,6 @@ Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles) {
 
 }  // namespace
 
-// EXPERIMENT: FVATTN_EXPERIMENT=x<bits> picks the forward variants (online_softmax.cuh kVariant).
-static int experiment_variant() {
-  const char* e = std::getenv("FVATTN_EXPERIMENT");
-  return e != nullptr && e[0] == 'x' ? std::atoi(e + 1) : 0;
-}
-
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
                           int64_t D, bool quantize_p, int32_t p_scale,
                           kern::Sm90ForwardParams* params) {
@@ -85,9 +77,7 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
                          int64_t D, int32_t dtype, bool quantize_p, void* stream) {
   const kern::AttentionParams& a = params.a;
   if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: Q, K, V tiles
-    std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
-    if (const int x = experiment_variant() & 4; x != 0 && dtype == FVA_DTYPE_BF16 && D == 128)
-      name = fmt::format("fva_sm90_vsa_fwd_x{}_bf16_d128", x);
+    const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
     launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3), stream, params);
     return;
   }
@@ -99,10 +89,8 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   l.block = 128 * (1 + kQatConsumers);
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
-  std::string name =
+  const std::string name =
       fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
-  if (const int x = experiment_variant(); x != 0 && dtype == FVA_DTYPE_BF16 && D == 128 && quantize_p)
-    name = fmt::format("fva_sm90_qat_fwd_x{}_bf16_d128_q1b", x);
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 

@@ -5,6 +5,7 @@
 // Exit status: 0 pass, 1 mismatch or CUDA error, 77 no CUDA device (CTest reports it as skipped).
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -37,6 +38,15 @@ __global__ void quantize_groups(const float* x, uint16_t* out, int groups, float
   const fva::Nvfp4Group grp = fva::nvfp4_group(amax, enc, dec);
   for (int i = 0; i < fva::kNvfp4GroupSize; ++i)
     out[g * fva::kNvfp4GroupSize + i] = fva::bf16_bits_from_float(fva::nvfp4_fake_quant(grp, in[i]));
+}
+
+// nvfp4_block_group (the kernels' P scales: a fast exact reciprocal) for amax = |x|.
+__global__ void block_groups(const float* x, float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const fva::Nvfp4Group g = fva::nvfp4_block_group(fabsf(x[i]));
+  out[2 * i] = g.e4m3;
+  out[2 * i + 1] = g.reciprocal;
 }
 
 bool same_bits(float a, float b) {
@@ -82,6 +92,12 @@ int main() {
   for (int e = -12; e <= 9; ++e)
     for (int m = 0; m < 32; ++m) x.push_back(std::ldexp(1.0f + m / 32.0f, e));
   for (float t : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f}) x.push_back(t);
+  // Every E4M3 scale as a block group's scale: amax = 6 s (amax / 6 is then exactly s).
+  for (uint32_t code = 1; code < 0x7f; ++code) {
+    const uint32_t e = code >> 3, m = code & 7;
+    const float s = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + m / 8.0f, static_cast<int>(e) - 7);
+    x.push_back(6.0f * s);
+  }
   while (x.size() % 16 != 0) x.push_back(0.0f);
   const int n = static_cast<int>(x.size());
 
@@ -104,6 +120,22 @@ int main() {
     if (!same_bits(h.e4m3, gs[i].e4m3) || !same_bits(h.e2m1, gs[i].e2m1) ||
         !same_bits(h.bf16, gs[i].bf16) || !same_bits(h.f16, gs[i].f16)) {
       if (bad++ < 5) std::fprintf(stderr, "scalar mismatch at x=%a\n", x[i]);
+    }
+  }
+
+  {  // block groups: scale and reciprocal
+    float* dg = nullptr;
+    CUDA_OK(cudaMalloc(&dg, 2 * n * sizeof(float)));
+    block_groups<<<(n + 255) / 256, 256>>>(dx, dg, n);
+    CUDA_OK(cudaGetLastError());
+    std::vector<float> gg(2 * n);
+    CUDA_OK(cudaMemcpy(gg.data(), dg, 2 * n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaFree(dg);
+    for (int i = 0; i < n; ++i) {
+      const fva::Nvfp4Group h = fva::nvfp4_group(std::fabs(x[i]), 1.0f, 1.0f);
+      if ((!same_bits(h.e4m3, gg[2 * i]) || !same_bits(h.reciprocal, gg[2 * i + 1])) && bad++ < 10)
+        std::fprintf(stderr, "block group mismatch at amax=%a: host %a %a device %a %a\n", x[i],
+                     h.e4m3, h.reciprocal, gg[2 * i], gg[2 * i + 1]);
     }
   }
 
