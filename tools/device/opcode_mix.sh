@@ -13,7 +13,8 @@ seq=${SEQ:-16384}
 tag=${NAME:-mix}
 ncu --clock-control none --kernel-name "regex:${KERNEL:?KERNEL regex}" --launch-count 1 \
   --metrics sass__inst_executed_per_opcode --print-metric-instances values --csv --page raw \
-  "$B/tools/fvattn" bench --seq "$seq" --iters 1 --warmup 1 --no-sdpa > "$OUT/opcodes-$tag.csv" 2> "$OUT/opcodes-$tag.err"
+  --log-file "$OUT/opcodes-$tag.csv" \
+  "$B/tools/fvattn" bench --seq "$seq" --iters 1 --warmup 1 --no-sdpa > "$OUT/opcodes-$tag.err" 2>&1
 python3 - "$OUT/opcodes-$tag.csv" "${ELEMENTS:-$((8 * seq * seq))}" "$tag" <<'PY'
 import csv, sys
 path, elements, tag = sys.argv[1], float(sys.argv[2]), sys.argv[3]

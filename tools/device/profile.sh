@@ -26,6 +26,11 @@ m+=,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+# Per-pipe instruction rates (which ALU pipe an ALU-bound kernel saturates), where this ncu has them.
+for pipe in alu fma fmaheavy fp16 xu lsu; do
+  name=sm__inst_executed_pipe_${pipe}.avg.pct_of_peak_sustained_active
+  ncu --query-metrics 2>/dev/null | grep -q "^sm__inst_executed_pipe_${pipe} " && m+=,$name
+done
 ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(sm90_)?(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
   --metrics "$m" --csv --page raw --log-file "${OUT:-/tmp}/ncu.csv" \
   "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa --kernels "${BENCH_KERNELS:-auto}" > "${OUT:-/tmp}/ncu.err" 2>&1
@@ -42,6 +47,8 @@ short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
          "smsp__inst_executed.sum": "warp_inst"}
 for k in hdr:
+    if k.startswith("sm__inst_executed_pipe_"):
+        short[k] = "p_" + k.split("pipe_")[1].split(".")[0][:8]
     if "stalled_" in k:
         short[k] = "st_" + k.split("stalled_")[1].split("_per_issue")[0][:10]
 cols = [i for i, k in enumerate(hdr) if k in short]
