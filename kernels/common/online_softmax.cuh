@@ -48,20 +48,50 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
                                                     SecondLevelOf&& second_of) {
   constexpr bool kBlock = std::is_base_of_v<BlockScalesOnly, std::decay_t<SecondLevelOf>>;
   constexpr bool kShareScales = std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesQuadShared>;
+  constexpr bool kGroupMaxFirst = kQuantizeP && kShareScales;
+  const int lane = threadIdx.x & 31;
   float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  // kGroupMaxFirst: the max score of each 16-key NVFP4 group, reduced over the quad so that lane t
+  // holds group t's (k = 2 kb + r: halving exchanges, xor 2 then xor 1); the rows' maxima follow
+  // from the groups' (rows r = t & 1, two more exchanges). 2^x is monotonic (MUFU.EX2 included:
+  // tests/gpu/nvfp4_device_parity checks every input), so the group's max p is 2^ of its max
+  // score's exponent: its scale can be computed before, and beside, the group's exponentials.
+  float group_max[4];
+  if constexpr (kGroupMaxFirst) {
+    static_assert(kNT == 4 && kFusedExponent, "quad-shared scales: 32-key sub-tiles, FMA exponent");
 #pragma unroll
-  for (int j = 0; j < kNT; ++j)
+    for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+      for (int r = 0; r < 2; ++r)
+        group_max[2 * kb + r] = fmaxf(fmaxf(s[2 * kb][2 * r], s[2 * kb][2 * r + 1]),
+                                      fmaxf(s[2 * kb + 1][2 * r], s[2 * kb + 1][2 * r + 1]));
+    halving_max<4, 2, 2>(group_max);  // lane bits 1, 0: t
+    const float row_mine = fmaxf(group_max[0], __shfl_xor_sync(0xffffffffu, group_max[0], 2));
+    const float row_other = __shfl_xor_sync(0xffffffffu, row_mine, 1);
+    mx[0] = (lane & 1) ? row_other : row_mine;
+    mx[1] = (lane & 1) ? row_mine : row_other;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx[r] = quad_max(mx[r]);
+  }
   float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], __fmul_rn(quad_max(mx[r]), scale_log2));
+    const float m_new = fmaxf(m[r], __fmul_rn(mx[r], scale_log2));
     // All logits -inf (VSA: every key masked so far): p = 0, not 2^(-inf + inf).
     m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
     alpha[r] = fast_exp2(m[r] - m_use[r]);
     m[r] = m_new;
   }
+
+  // The group this lane scales (kGroupMaxFirst): its max p from its max score.
+  Nvfp4Group mine{};
+  if constexpr (kGroupMaxFirst)
+    mine = nvfp4_block_group(fast_exp2(fmaf(group_max[0], scale_log2, (lane & 1) ? -m_use[1] : -m_use[0])));
 
   // p = 2^(s * scale * log2e - m), relative to the running max (not rounded yet). The exponent is
   // one FMA (one rounding where the CPU reference rounds the product and then the difference: p
@@ -103,24 +133,9 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
     if constexpr (kShareScales) {
       static_assert(kNT == 4, "quad-shared scales: 32-key sub-tiles (4 groups per quad)");
       // Block scales over a 32-key sub-tile: the quad's lanes share 4 groups (k = 2 kb + r), and
-      // rather than each lane computing all 4 scales, the quad reduces its amaxes by halving
-      // exchanges (xor 2, then xor 1: lane t ends with group t's amax), each lane computes one
-      // scale, and every lane fetches the 4 it needs. The max of |x| is order-independent, so the
-      // scales are bitwise those of quad_max.
-      const int lane = threadIdx.x & 31;
-      float a[4];
-#pragma unroll
-      for (int kb = 0; kb < 2; ++kb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float amax = 0.0f;
-          amax = nvfp4_amax_step(amax, pr[2 * kb][2 * r]);
-          amax = nvfp4_amax_step(amax, pr[2 * kb][2 * r + 1]);
-          amax = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r]);
-          a[2 * kb + r] = nvfp4_amax_step(amax, pr[2 * kb + 1][2 * r + 1]);
-        }
-      halving_max<4, 2, 2>(a);  // lane bits 1, 0: t
-      const Nvfp4Group mine = nvfp4_block_group(a[0]);
+      // rather than each lane computing all 4 scales, lane t computed group t's (`mine`, above,
+      // from the group's max score) and every lane fetches the 4 it needs. p >= 0, so the max p
+      // is the group's amax, bitwise.
 #pragma unroll
       for (int kb = 0; kb < 2; ++kb)
 #pragma unroll

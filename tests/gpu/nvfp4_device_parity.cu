@@ -14,6 +14,7 @@
 
 #include "common/float_formats.h"
 #include "common/nvfp4.h"
+#include "common/online_softmax.cuh"  // fast_exp2
 
 namespace {
 
@@ -47,6 +48,29 @@ __global__ void block_groups(const float* x, float* out, int n) {
   const fva::Nvfp4Group g = fva::nvfp4_block_group(fabsf(x[i]));
   out[2 * i] = g.e4m3;
   out[2 * i + 1] = g.reciprocal;
+}
+
+// The QAT forward takes a group's max p as 2^ of its max exponent (online_softmax.cuh), which
+// holds only if the device's 2^x (MUFU.EX2, fast_exp2) is monotonic. Checked over every float from
+// -inf up to 2^7 (the exponents a softmax evaluates are <= 0 but for rounding): for each, and its
+// successor, 2^successor >= 2^x. Counts the violations.
+__global__ void exp2_monotonic(unsigned long long* violations) {
+  constexpr unsigned long long kNegatives = 0x7f800000ull;  // -inf .. -min subnormal, ascending
+  constexpr unsigned long long kTotal = kNegatives + 0x43000000ull;
+  unsigned long long bad = 0;
+  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x;
+       i < kTotal; i += static_cast<unsigned long long>(gridDim.x) * blockDim.x) {
+    uint32_t x, next;
+    if (i < kNegatives) {
+      x = 0xff800000u - static_cast<uint32_t>(i);
+      next = x - 1u;  // toward -0
+    } else {
+      x = static_cast<uint32_t>(i - kNegatives);
+      next = x + 1u;
+    }
+    if (fva::dev::fast_exp2(__uint_as_float(next)) < fva::dev::fast_exp2(__uint_as_float(x))) ++bad;
+  }
+  if (bad != 0) atomicAdd(violations, bad);
 }
 
 bool same_bits(float a, float b) {
@@ -136,6 +160,21 @@ int main() {
       if ((!same_bits(h.e4m3, gg[2 * i]) || !same_bits(h.reciprocal, gg[2 * i + 1])) && bad++ < 10)
         std::fprintf(stderr, "block group mismatch at amax=%a: host %a %a device %a %a\n", x[i],
                      h.e4m3, h.reciprocal, gg[2 * i], gg[2 * i + 1]);
+    }
+  }
+
+  {  // 2^x monotonic on the device
+    unsigned long long* dv = nullptr;
+    CUDA_OK(cudaMalloc(&dv, sizeof(unsigned long long)));
+    CUDA_OK(cudaMemset(dv, 0, sizeof(unsigned long long)));
+    exp2_monotonic<<<4096, 256>>>(dv);
+    CUDA_OK(cudaGetLastError());
+    unsigned long long violations = 0;
+    CUDA_OK(cudaMemcpy(&violations, dv, sizeof(violations), cudaMemcpyDeviceToHost));
+    cudaFree(dv);
+    if (violations != 0) {
+      std::fprintf(stderr, "fast_exp2 is not monotonic: %llu decreasing steps\n", violations);
+      bad += static_cast<long>(violations);
     }
   }
 
