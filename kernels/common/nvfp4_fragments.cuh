@@ -43,33 +43,39 @@ __device__ __forceinline__ Nvfp4Group nvfp4_block_group_from(const Nvfp4Group& m
   return grp;
 }
 
-// Block-scale FQ_P of P in the dK/dV layout, for a warp's 16 keys x 8 n8 tiles of queries: the
-// group of (tile j, column i) is v[j][i] and v[j][2 + i] of the 8 lanes 4g + t (g = 0..7) that share
-// t. Every lane of a column would otherwise compute all 16 of its groups' scales (the E4M3 rounding
-// and an exact reciprocal each), eight times over. Here the 8 lanes reduce their 16 amaxes by
+// Block-scale FQ_P of P in the dK/dV layout, for a warp's 16 keys x 8 n8 tiles of queries, packed
+// into the A operands of dV's 4 k16 steps (v itself is left as it is: dS needs the unquantized P).
+// The group of (tile j, column i) is v[j][i] and v[j][2 + i] of the 8 lanes 4g + t (g = 0..7) that
+// share t. Every lane of a column would otherwise compute all 16 of its groups' scales (the E4M3
+// rounding and a reciprocal each), eight times over. Here the 8 lanes reduce their 16 amaxes by
 // halving exchanges (after the xor-16, -8 and -4 steps, lane g holds the amaxes of groups 2g and
 // 2g + 1, i.e. tile j = g), each computes its two groups' scales once, and every lane fetches the
 // 16 it needs from lane 4j + t. The max of |x| is order-independent (NaN ignored either way), so
 // each group's scale is bitwise the one column_max gives.
-__device__ __forceinline__ void fake_quantize_columns_block(float (&v)[8][4]) {
+template <typename T>
+__device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][4],
+                                                            uint32_t (&a)[4][4]) {
   const int lane = threadIdx.x & 31;
-  float a[16];
+  float amax[16];
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      a[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
-  halving_max<16, 3, 16>(a);  // lane bits 4, 3, 2: g's bits 2, 1, 0
-  const Nvfp4Group mine[2] = {nvfp4_block_group(a[0]), nvfp4_block_group(a[1])};
+      amax[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
+  halving_max<16, 3, 16>(amax);  // lane bits 4, 3, 2: g's bits 2, 1, 0
+  const Nvfp4Group mine[2] = {nvfp4_block_group(amax[0]), nvfp4_block_group(amax[1])};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int src = 4 * j + (lane & 3);
+    float q[4];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const Nvfp4Group grp = nvfp4_block_group_from(mine[i], src);
-      v[j][i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
-      v[j][2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
+      q[i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
+      q[2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
     }
+    a[j / 2][(j & 1) * 2 + 0] = T::pack(q[0], q[1]);
+    a[j / 2][(j & 1) * 2 + 1] = T::pack(q[2], q[3]);
   }
 }
 

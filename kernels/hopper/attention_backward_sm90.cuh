@@ -173,13 +173,14 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     zero_tile_rows<L::kRegions>(base + L::kV, n_keys, tid);
   }
 
+  // Per query tile, four products in two waves, so that each half of the arithmetic runs under a
+  // product: Sᵀ, then dPᵀ (issued once the previous tile's dV/dK are done, which frees their
+  // operand registers) -> Pᵀ and FQ_P(Pᵀ) from Sᵀ while dPᵀ runs -> dV (issued) -> dSᵀ from dPᵀ
+  // while dV runs -> dK (issued). dV and dK stay in flight under the next tile's Sᵀ.
   int stage = 0, pending = -1;
   uint32_t phase = 0;
   for (auto c = tiles.first(); c.valid(); c = tiles.next(c)) {
     mbar_wait(bar_full(stage), phase);
-    // Sᵀ runs under the previous tile's dV/dK products; dPᵀ is issued once they are done, when
-    // their P and dS operand registers are free: the four products in flight at once need more
-    // registers than the consumer has (ptxas then serializes them, C7512).
     wgmma_fence();
     wgmma_tiles_abt<T, D>(st_flat, base + L::kK, q_tile(stage));
     wgmma_commit();
@@ -193,18 +194,14 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     wgmma_fence();
     wgmma_tiles_abt<T, D>(dpt_flat, base + L::kV, do_tile(stage));
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // Sᵀ (dPᵀ stays in flight)
     fence_registers(st_flat);
-    fence_registers(dpt_flat);
 
-    // Pᵀ (masked entries 0) and dSᵀ = dtype(Pᵀ (dPᵀ - Delta)); this thread's query columns of the
-    // tile are 8j + 2t + {0, 1}.
+    // Pᵀ (masked entries 0); this thread's query columns of the tile are 8j + 2t + {0, 1}.
     const float* stats = row_stats + stage * 128;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 lse = *reinterpret_cast<const float2*>(stats + j * 8 + 2 * t);
-      const float2 delta = *reinterpret_cast<const float2*>(stats + 64 + j * 8 + 2 * t);
-      float ds[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = j * 8 + 2 * t + (e & 1), row = c.row0 + col;
@@ -212,33 +209,49 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
         const float l = (e & 1) ? lse.y : lse.x;
         const bool vis = l != -CUDART_INF_F && sched.visible(row, k0 + key_slot, key_slot, n_keys);
         st[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
-        ds[e] = st[j][e] * (dpt[j][e] - ((e & 1) ? delta.y : delta.x));
       }
-      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
     }
     // What dV multiplies: FQ_P(P), block scales (a group: this warp's 16 keys of one query
     // column), or P itself.
-    if (kQuantizeP && p.quantize_p) fake_quantize_columns_block(st);
+    if (kQuantizeP && p.quantize_p) {
+      fake_quantize_columns_block<T>(st, a_p);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      a_p[j / 2][(j & 1) * 2 + 0] = T::pack(st[j][0], st[j][1]);
-      a_p[j / 2][(j & 1) * 2 + 1] = T::pack(st[j][2], st[j][3]);
+      for (int j = 0; j < 8; ++j) {
+        a_p[j / 2][(j & 1) * 2 + 0] = T::pack(st[j][0], st[j][1]);
+        a_p[j / 2][(j & 1) * 2 + 1] = T::pack(st[j][2], st[j][3]);
+      }
     }
-
-    // dV += Pᵀ dO and dK += dSᵀ Q: k16 steps over the tile's queries (16 rows, 2048 bytes each) of
-    // the MN-major dO and Q tiles.
+    // dV += Pᵀ dO: k16 steps over the tile's queries (16 rows, 2048 bytes each) of the MN-major dO.
     wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < 4; ++step) {
+    for (int step = 0; step < 4; ++step)
       wgmma_rs_mn<T, D>(dv, a_p[step],
                         smem_descriptor(do_tile(stage) + step * 2048, L::kRegionBytes, 1024));
+    wgmma_commit();
+    wgmma_wait<1>();  // dPᵀ (dV stays in flight)
+    fence_registers(dpt_flat);
+    keep_operands_alive(a_p);
+
+    // dSᵀ = dtype(Pᵀ (dPᵀ - Delta)) from the unquantized Pᵀ.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 delta = *reinterpret_cast<const float2*>(stats + 64 + j * 8 + 2 * t);
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[e] = st[j][e] * (dpt[j][e] - ((e & 1) ? delta.y : delta.x));
+      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
+      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+    }
+    // dK += dSᵀ Q, over the MN-major Q tile likewise.
+    wgmma_fence();
+#pragma unroll
+    for (int step = 0; step < 4; ++step)
       wgmma_rs_mn<T, D>(dk, a_ds[step],
                         smem_descriptor(q_tile(stage) + step * 2048, L::kRegionBytes, 1024));
-    }
     wgmma_commit();
-    // These products stay in flight under the next tile's Sᵀ and dPᵀ; the stage they read is
-    // released after the wait that covers them (the next tile's, or the one below).
+    // dV and dK stay in flight under the next tile's Sᵀ; the stage they read is released after
+    // the wait that covers them (the next tile's, or the one below).
     pending = stage;
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
