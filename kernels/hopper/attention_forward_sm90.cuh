@@ -11,7 +11,7 @@
 // Within a consumer, a key tile is S (wgmma), then the softmax of each sub-tile (two of 32 keys, so
 // the running max advances as in the CPU reference, see attention_forward.cuh; their arithmetic
 // runs together), then the sub-tiles' P·V back to back; the P·V stays in flight while the next
-// tile's S is issued. The output rescale is skipped when no row of the warpgroup raised its max.
+// tile's S is issued. The output rescale is skipped by a warp none of whose rows raised its max.
 // Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the next S
 // before this P·V; VSA 325 against 369 TFLOPS when VSA ran here), and ping-pong between the two
 // consumers (P·V of tile i and S of tile i + 1 in alternating sections: 212 against 222 TFLOPS at
@@ -225,15 +225,18 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
         for (int sub = 0; sub < kSubTiles; ++sub) softmax_sub(sub, alpha[sub]);
 #pragma unroll
         for (int sub = 0; sub < kSubTiles; ++sub) {
-          // Skipped when no row of the warpgroup raised its max: alpha is then exactly 1, and a
-          // multiplication by 1 changes nothing. (The vote is the warpgroup's, not the warp's:
-          // the branch holds a wgmma wait, and the whole warpgroup must take it alike.)
-          if (warpgroup_any(alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f, 2 + c)) {
-            if (sub > 0) {
-              wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
-              keep_alive();
-            }
-            rescale(alpha[sub]);
+          // A warp whose 16 rows kept their maxima skips the rescale: alpha is then exactly 1, and
+          // a multiplication by 1 changes nothing. (The wait before a later sub-tile's rescale is
+          // the warpgroup's vote, not the warp's: a branch holding a wgmma wait must be taken by
+          // the whole warpgroup alike. The multiplications alone may differ between warps.)
+          const bool rescale_warp =
+              __any_sync(0xffffffffu, alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f);
+          if (sub == 0) {
+            if (rescale_warp) rescale(alpha[sub]);
+          } else if (warpgroup_any(rescale_warp, 2 + c)) {
+            wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
+            keep_alive();
+            if (rescale_warp) rescale(alpha[sub]);
           }
           issue_pv(v_tile(stage), sub * (kNT / 2), kNT / 2);
         }

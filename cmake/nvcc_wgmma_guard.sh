@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs an nvcc command (the sm90 family's compile, kernels/CMakeLists.txt, FVATTN_WERROR builds) with
+# ptxas's verbose report and fails it when ptxas serialized wgmma instructions (C7510-C7519:
+# "Potential Performance Loss: wgmma.mma_async instructions are serialized ..."). ptxas only
+# reports these as info, and the kernels still run, just slower: a change that makes the register
+# pressure or an accumulator access force the serialization must not land unnoticed. The rest of
+# the verbose report (registers, stack, compile times) is dropped; everything else passes through.
+set -uo pipefail
+log=$(mktemp)
+"$@" -Xptxas=-v 2> "$log"
+rc=$?
+grep -v -E '^ptxas info|^ +[0-9]+ bytes (stack frame|gmem)|^$' "$log" >&2
+if grep -E '\(C751[0-9]\)' "$log" >&2; then
+  echo "error: ptxas serialized wgmma instructions (above); see the kernel's register budget" >&2
+  rc=1
+fi
+rm -f "$log"
+exit $rc
