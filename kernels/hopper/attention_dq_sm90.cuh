@@ -3,9 +3,8 @@
 // producer warpgroup, three blocks per SM (at most 168 registers per thread; Q, dO, K and V tiles:
 // 64 KiB at D=128). A block walks the forward's schedule for its rows (QAT: key tiles from 0, up to
 // the diagonal when causal; VSA: the q block's q2k list):
-//     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands, two commit groups)
-//     P = 2^(S scale log2e - lse) (masked: 0)   (p_tile, while dP runs)
-//     dS = dtype(P (dP - Delta))                (ds_from_p)
+//     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands, one commit group)
+//     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))           (ds_tile)
 //     dQ += dS K                                (wgmma, dS from registers, K read MN-major)
 // and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). Thread 0
 // loads the next key tile's V once dP has read V (under the dS arithmetic and the dQ product), and
@@ -46,41 +45,28 @@ __device__ __forceinline__ void load_dq_row_stats(const kern::AttentionParams& p
   }
 }
 
-// P = 2^(S scale log2e - lse) of one 64 x 64 tile, in place of S, 0 where masked (selected, never
-// computed from: a ragged block's padding slots may hold NaN in S).
-template <typename Schedule>
-__device__ __forceinline__ void p_tile(const Schedule& sched, int tile, int row0, int row_base,
-                                       int t, float scale_log2, float (&s)[8][4],
-                                       const float (&lse)[2]) {
+// dS = dtype(P (dP - Delta)) of one 64 x 64 tile from its S and dP fragments, P = 2^(S scale
+// log2e - lse), as the A operands of dS K's 4 k16 steps (keys); ds_sum gathers the thread's part
+// of rowsum(dS) (the QAT smooth-K term). Masked entries are selected away, never multiplied: a
+// ragged block's padding slots may hold NaN in S and dP.
+template <typename T, typename Schedule>
+__device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row0, int row_base,
+                                        int t, float scale_log2, const float (&s)[8][4],
+                                        const float (&dp)[8][4], const float (&lse)[2],
+                                        const float (&delta)[2], float (&ds_sum)[2],
+                                        uint32_t (&a_ds)[4][4]) {
   const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
   const bool unmasked = sched.unmasked(tile, row0);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 8; ++j) {
+    float ds[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
       const bool vis = (lse[r] != -CUDART_INF_F) &
                        (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
       const float pv = fast_exp2(fmaf(s[j][e], scale_log2, -lse[r]));
-      s[j][e] = vis ? pv : 0.0f;
-    }
-}
-
-// dS = dtype(P (dP - Delta)) from P (p_tile) and dP, as the A operands of dS K's 4 k16 steps
-// (keys); ds_sum gathers the thread's part of rowsum(dS) (the QAT smooth-K term). Where P is 0
-// (masked, or underflowed) dS is selected to 0, never multiplied: a ragged block's padding slots
-// may hold NaN in dP.
-template <typename T>
-__device__ __forceinline__ void ds_from_p(const float (&pt)[8][4], const float (&dp)[8][4],
-                                          const float (&delta)[2], float (&ds_sum)[2],
-                                          uint32_t (&a_ds)[4][4]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float ds[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e >> 1;
-      ds[e] = pt[j][e] != 0.0f ? T::round(pt[j][e] * (dp[j][e] - delta[r])) : 0.0f;
+      ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
       ds_sum[r] += ds[e];
     }
     a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
@@ -165,21 +151,17 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     const int next = sched.next(tile);
     mbar_wait(tiles.bar_k(), phase);
     mbar_wait(tiles.bar_v(), phase);
-    // S and dP in two commit groups: P is computed from S while dP runs.
     wgmma_fence();
     wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
-    wgmma_commit();
     wgmma_tiles_abt<T, D>(dp_flat, do_tile, v_tile);
     wgmma_commit();
-    wgmma_wait<1>();
-    fence_registers(s_flat);
-    p_tile(sched, tile, row0, row_base, t, p.scale_log2, s, lse);
     wgmma_wait<0>();
+    fence_registers(s_flat);
     fence_registers(dp_flat);
     warpgroup_sync();
     if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
 
-    ds_from_p<T>(s, dp, delta, ds_sum, a_ds);
+    ds_tile<T>(sched, tile, row0, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum, a_ds);
     if constexpr (Schedule::kPaddedBlocks) {
       // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K become
       // zeros before dS K reads them (S, which also read them, is complete in every warp). (QAT's

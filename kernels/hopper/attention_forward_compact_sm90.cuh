@@ -93,9 +93,9 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     float alpha[2];
     online_softmax_step<T, kNT, false, false>(s, m, l, alpha, p.scale_log2, a_hp, a_none,
                                        BlockScalesOnly{});
-    // Skipped by a warp none of whose 16 rows raised its max (alpha exactly 1: a multiplication by
-    // 1 changes nothing). The branch holds no wgmma, so the warps may differ.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+    // Skipped when no row of the warpgroup raised its max (alpha exactly 1); the vote is the
+    // warpgroup's so that every warp reaches the P·V below at the same instruction.
+    if (warpgroup_any(alpha[0] != 1.0f || alpha[1] != 1.0f, 2)) {
       fence_registers(o);
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
