@@ -11,7 +11,7 @@ log=$(mktemp)
 rc=$?
 grep -v -E '^ptxas info|^ +[0-9]+ bytes (stack frame|gmem)|^$' "$log" >&2
 if grep -E '\(C751[0-9]\)' "$log" >&2; then
-  echo "error: ptxas serialized wgmma instructions (above); see the kernel's register budget" >&2
+  echo "error: ptxas serialized wgmma instructions (above): the kernel pays a wait per product" >&2
   rc=1
 fi
 rm -f "$log"
