@@ -90,8 +90,10 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 
   // The group this lane scales (kGroupMaxFirst): its max p from its max score.
   Nvfp4Group mine{};
-  if constexpr (kGroupMaxFirst)
-    mine = nvfp4_block_group(fast_exp2(fmaf(group_max[0], scale_log2, (lane & 1) ? -m_use[1] : -m_use[0])));
+  if constexpr (kGroupMaxFirst) {
+    const float neg_m = (lane & 1) ? -m_use[1] : -m_use[0];  // group t's row is t & 1
+    mine = nvfp4_block_group(fast_exp2(fmaf(group_max[0], scale_log2, neg_m)));
+  }
 
   // p = 2^(s * scale * log2e - m), relative to the running max (not rounded yet). The exponent is
   // one FMA (one rounding where the CPU reference rounds the product and then the difference: p
