@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp}
 seq=${SEQ:-16384}
 tag=${NAME:-mix}
 ncu --clock-control none --kernel-name "regex:${KERNEL:?KERNEL regex}" --launch-count 1 \
-  --metrics sass__inst_executed_per_opcode --print-metric-instances values --csv --page raw \
+  --metrics sass__inst_executed_per_opcode --print-metric-instances details --csv --page raw \
   --log-file "$OUT/opcodes-$tag.csv" \
   "$B/tools/fvattn" bench --seq "$seq" --iters 1 --warmup 1 --no-sdpa > "$OUT/opcodes-$tag.err" 2>&1
 python3 - "$OUT/opcodes-$tag.csv" "${ELEMENTS:-$((8 * seq * seq))}" "$tag" <<'PY'
@@ -23,14 +23,18 @@ hdr = rows[0]
 col = [i for i, k in enumerate(hdr) if k.startswith("sass__inst_executed_per_opcode")]
 if not col or len(rows) < 3:
     sys.exit(f"{tag}: no opcode counts in {path}")
-# Instanced values: "OPCODE1;OPCODE2;..." names and "n1;n2;..." counts, or "OP=n" pairs.
+# Instanced values. With `--print-metric-instances values` the H200's ncu printed "total (n; n; ...)",
+# the counts without their opcodes; `details` is expected to add the names, "total (NAME: n; ...)",
+# a format not yet seen at this commit. Names and counts are split at the last ':' or '='; counts
+# may carry thousands separators. A cell in any other form is printed raw below.
+import re
 cell = rows[2][col[0]]
+inner = cell[cell.find("(") + 1:cell.rfind(")")] if "(" in cell else cell
 pairs = []
-for item in cell.replace(",", ";").split(";"):
-    item = item.strip()
-    if "=" in item:
-        k, v = item.split("=", 1)
-        pairs.append((k.strip(), float(v.replace(" ", ""))))
+for item in inner.split(";"):
+    m = re.match(r"\s*(.+?)\s*[:=]\s*([0-9][0-9,.]*)\s*$", item)
+    if m:
+        pairs.append((m.group(1), float(m.group(2).replace(",", ""))))
 if not pairs:
     print(f"{tag}: unparsed cell: {cell[:400]}")
     sys.exit(0)
