@@ -7,6 +7,7 @@
 // arithmetic form; tests/gpu/nvfp4_device_parity shows them bit-identical to the host code.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -122,22 +123,21 @@ FVA_HD float e4m3_round_magnitude(float x) {
 
 constexpr float kE2M1Max = 6.0f;
 
-#if defined(__CUDACC__)
-// |y| rounded to the E2M1 grid on the device, in 5 instructions: adding and subtracting c, a power
-// of two whose fp32 ulp is the grid step (2^22: step 0.5 below 2; 2^23: step 1 below 4; 2^24:
-// step 2 above), rounds to the step with round-half-to-even, which is E2M1's tie rule (0.25 -> 0,
-// 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4). The input is saturated at 6 first (inf and NaN too:
-// fminf returns the number), so c = 2^22 * 2^floor(log2(max(y, 1))), the exponent bits of
-// max(y, 1), and both steps are FMAs with that power of two: y + c rounds once, (y + c) - c is
-// exact. a >= 0 or NaN. Equal to e2m1_round's host ladder for every such float (checked
-// exhaustively on the host over all non-NaN patterns; tests/gpu/nvfp4_device_parity compares them,
-// NaNs included, on every GPU run).
-__device__ __forceinline__ float e2m1_round_magnitude_device(float a) {
+// |y| rounded to the E2M1 grid in 5 instructions, the device's form (host and device alike, so that
+// the CPU tests check the formula; the host's e2m1_round keeps the ladder below, SPEC's definition):
+// adding and subtracting c, a power of two whose fp32 ulp is the grid step (2^22: step 0.5 below 2;
+// 2^23: step 1 below 4; 2^24: step 2 above), rounds to the step with round-half-to-even, which is
+// E2M1's tie rule (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 3.5 -> 4, 5 -> 4). The input is saturated at 6
+// first (inf too; NaN as well on the device, whose fminf returns the number), so c = 2^22 *
+// 2^floor(log2(max(y, 1))), the exponent bits of max(y, 1), and both steps are FMAs with that power
+// of two: y + c rounds once, (y + c) - c is exact. a >= 0 or NaN. Equal to the ladder for every
+// non-NaN float (tests/test_nvfp4_formats.cpp on the host; tests/gpu/nvfp4_device_parity, NaNs
+// included, on the device).
+FVA_HD float e2m1_round_magnitude_fma(float a) {
   const float y = fminf(a, 6.0f);
-  const float step = __uint_as_float(__float_as_uint(fmaxf(y, 1.0f)) & 0x7f800000u);  // 1, 2, 4
+  const float step = bits_float(float_bits(fmaxf(y, 1.0f)) & 0x7f800000u);  // 1, 2, 4
   return fmaf(step, -4194304.0f, fmaf(step, 4194304.0f, y));
 }
-#endif
 
 // y rounded to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} (with y's sign), nearest even code on a tie
 // (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; NaN and
@@ -146,7 +146,7 @@ FVA_HD float e2m1_round(float y) {
   const uint32_t sign = float_bits(y) & 0x80000000u;
   const float a = bits_float(float_bits(y) & 0x7fffffffu);
 #if defined(__CUDA_ARCH__)
-  return bits_float(float_bits(e2m1_round_magnitude_device(a)) | sign);
+  return bits_float(float_bits(e2m1_round_magnitude_fma(a)) | sign);
 #else
   float q;
   if (!(a <= 5.0f)) q = 6.0f;  // (5, inf], NaN

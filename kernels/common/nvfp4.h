@@ -120,7 +120,7 @@ FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
 // whose scale is 0 has reciprocal 0, so x * 0 = 0 rounds to 0 and 0 * s = 0, as the general form
 // returns.
 __device__ __forceinline__ float nvfp4_fake_quant_nonneg_block(const Nvfp4Group& g, float x) {
-  return e2m1_round_magnitude_device(x * g.reciprocal) * g.e4m3;
+  return e2m1_round_magnitude_fma(x * g.reciprocal) * g.e4m3;
 }
 #endif
 
