@@ -161,8 +161,7 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
         ds[e] = T::round(pv * (dp[j][e] - delta[r]));
         ds_sum[r] += ds[e];
       }
-      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+      pack_a_tile<T>(a_ds, j, ds);
     }
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
@@ -318,8 +317,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
         pt[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
         ds[e] = T::round(pt[j][e] * (dpt[j][e] - delta_t[col]));
       }
-      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+      pack_a_tile<T>(a_ds, j, ds);
     }
 
     // What dV multiplies: FQ_P(P) (groups of 16 keys = this warp's rows, one per query column)
@@ -361,10 +359,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
     }
     uint32_t a_p[2][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      a_p[j / 2][(j & 1) * 2 + 0] = T::pack(pt[j][0], pt[j][1]);
-      a_p[j / 2][(j & 1) * 2 + 1] = T::pack(pt[j][2], pt[j][3]);
-    }
+    for (int j = 0; j < 4; ++j) pack_a_tile<T>(a_p, j, pt[j]);
 
     // dV += Pᵀ dO and dK += dSᵀ Q (k = the tile's 32 queries).
 #pragma unroll

@@ -75,6 +75,15 @@ __device__ __forceinline__ void mma_16816<F16>(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Accumulator tile j (n8 tile j of an m16 row block: c[0..1] row g, c[2..3] row g + 8) packed to
+// T as its half of the A fragment of k16 step j / 2 (columns 0-7 of the step for even j, 8-15 for
+// odd j): how a product's output (P, dS) becomes the A operand of the next product.
+template <typename T, int M>
+__device__ __forceinline__ void pack_a_tile(uint32_t (&a)[M][4], int j, const float (&c)[4]) {
+  a[j / 2][(j & 1) * 2 + 0] = T::pack(c[0], c[1]);
+  a[j / 2][(j & 1) * 2 + 1] = T::pack(c[2], c[3]);
+}
+
 // ---- shared memory ----------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

@@ -74,8 +74,7 @@ __device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][
       q[i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
       q[2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
     }
-    a[j / 2][(j & 1) * 2 + 0] = T::pack(q[0], q[1]);
-    a[j / 2][(j & 1) * 2 + 1] = T::pack(q[2], q[3]);
+    pack_a_tile<T>(a, j, q);
   }
 }
 

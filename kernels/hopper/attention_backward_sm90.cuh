@@ -222,8 +222,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
       float ds[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) ds[e] = st[j][e] * (dpt[j][e] - ((e & 1) ? delta.y : delta.x));
-      a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-      a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+      pack_a_tile<T>(a_ds, j, ds);
     }
     // What dV multiplies: FQ_P(P), block scales (a group: this warp's 16 keys of one query
     // column), or P itself.
@@ -231,10 +230,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
       fake_quantize_columns_block<T>(st, a_p);
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        a_p[j / 2][(j & 1) * 2 + 0] = T::pack(st[j][0], st[j][1]);
-        a_p[j / 2][(j & 1) * 2 + 1] = T::pack(st[j][2], st[j][3]);
-      }
+      for (int j = 0; j < 8; ++j) pack_a_tile<T>(a_p, j, st[j]);
     }
     // dV += Pᵀ dO and dK += dSᵀ Q: k16 steps over the tile's queries (16 rows, 2048 bytes each) of
     // the MN-major dO and Q tiles.

@@ -69,8 +69,7 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
       ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
       ds_sum[r] += ds[e];
     }
-    a_ds[j / 2][(j & 1) * 2 + 0] = T::pack(ds[0], ds[1]);
-    a_ds[j / 2][(j & 1) * 2 + 1] = T::pack(ds[2], ds[3]);
+    pack_a_tile<T>(a_ds, j, ds);
   }
 }
 
@@ -170,12 +169,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
       if (n_valid < 64) zero_tile_rows<L::kRegions>(k_tile, n_valid, tid);
     }
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
-    wgmma_fence();
-    wgmma_rs_tile<T, D>(dq, a_ds, k_tile);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(dq);
-    keep_operands_alive(a_ds);
+    wgmma_rs_tile_complete<T, D>(dq, a_ds, k_tile);
     warpgroup_sync();
     if (tid == 0 && next >= 0) tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(next), hk, b);
     phase ^= 1;

@@ -102,12 +102,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     }
     mbar_wait(tiles.bar_v(), phase);
     if (n_valid < 64) zero_tile_rows<L::kRegions>(v_tile, n_valid, tid);  // 0 * NaN is not 0
-    wgmma_fence();
-    wgmma_rs_tile<T, D>(o, a_hp, v_tile);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(o);
-    keep_operands_alive(a_hp);
+    wgmma_rs_tile_complete<T, D>(o, a_hp, v_tile);
     warpgroup_sync();
     if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
     phase ^= 1;

@@ -1,6 +1,7 @@
 // The QAT forward's shared-memory ring and its producer (until 6b151ab also the warp-specialized
 // dQ kernel's; the layout keeps its generality: any number of query-side tiles): a block owns 64
-// query rows per consumer warpgroup, loads its query-side tiles once (the forward: Q) and streams the K and V tiles its schedule lists through a kStages-deep shared-memory ring,
+// query rows per consumer warpgroup, loads its query-side tiles once (the forward: Q) and streams
+// the K and V tiles its schedule lists through a kStages-deep shared-memory ring,
 // filled by the TMA from one producer thread:
 //     query tiles [kQueryTiles] | K [kStages tiles] | V [kStages tiles] | mbarriers
 // with a tile = 64 rows x D in D / 64 swizzled 64-column regions (1024-byte aligned), and the

@@ -267,13 +267,20 @@ __device__ __forceinline__ void keep_operands_alive(uint32_t (&a)[M][4]) {
 }
 
 // acc += A B over the 64 rows of `b_tile`: its 4 k16 steps (16 rows, 2048 bytes each) read
-// MN-major, A from registers (a[step]). Issues only: the caller fences, commits and waits.
+// MN-major, A from registers (a[step]), issued and waited for: on return acc is complete and the A
+// registers are free (the compact kernels' products, which run under the other blocks on the SM,
+// not under their own arithmetic).
 template <typename T, int D>
-__device__ __forceinline__ void wgmma_rs_tile(float (&acc)[D / 2], const uint32_t (&a)[4][4],
-                                              uint32_t b_tile) {
+__device__ __forceinline__ void wgmma_rs_tile_complete(float (&acc)[D / 2], uint32_t (&a)[4][4],
+                                                       uint32_t b_tile) {
+  wgmma_fence();
 #pragma unroll
   for (int step = 0; step < 4; ++step)
     wgmma_rs_mn<T, D>(acc, a[step], smem_descriptor(b_tile + step * 2048, 64 * 128, 1024));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers(acc);
+  keep_operands_alive(a);
 }
 
 // The 128 threads of one consumer warpgroup meet (named barrier 1; a kernel whose blocks hold
