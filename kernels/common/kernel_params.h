@@ -122,9 +122,11 @@ constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                   
 constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
 
 // sm_90a forward: query tiles (Q: one 64-row tile per consumer warpgroup), kStages K and V tiles,
-// mbarriers.
+// mbarriers, a tile of ones.
 constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
-  return (query_tiles + 2 * stages) * 64 * D * 2 + 8 * (1 + 3 * stages);
+  // After the barriers' 1024 bytes, a 2048-byte tile of ones: the B operand of the rows' sums by
+  // wgmma (m64n8k16, 16 rows 128 bytes apart in the 128-byte swizzle).
+  return (query_tiles + 2 * stages) * 64 * D * 2 + 1024 + 2048;
 }
 
 // sm_90a compact kernels (one warpgroup per block, hopper/compact_tiles_sm90.cuh): `tiles` tiles

@@ -40,7 +40,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // a_hp / a_q: P (and FQ_P(P)) as the A operands of the kNT / 2 k16 steps of P·V.
 // second_of(pr, second): the second-level NVFP4 factors of the two rows; BlockScalesOnly (block
 // scales) selects the short form of the quantization for p >= 0.
-template <typename T, int kNT, bool kQuantizeP, bool kFusedExponent = true, typename SecondLevelOf>
+// kSumRows = false: l is left alone, the caller keeps the rows' sums (the sm_90a QAT forward sums
+// a_hp by wgmma against a tile of ones, beside P·V, and rescales them with o).
+template <typename T, int kNT, bool kQuantizeP, bool kFusedExponent = true, bool kSumRows = true,
+          typename SecondLevelOf>
 __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2],
                                                     float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
@@ -121,13 +124,15 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   // l: the sum of the fp32 p (FastVideo's QAT kernel sums p rounded to the dtype; the two differ
   // by the dtype's rounding errors, unbiased and averaging out, well under 2^-9 of l: unpacking
   // the rounded values again cost two instructions per element).
-  float rs[2] = {0.0f, 0.0f};
+  if constexpr (kSumRows) {
+    float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int j = 0; j < kNT; ++j)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) rs[e >> 1] += pr[j][e];
+      for (int e = 0; e < 4; ++e) rs[e >> 1] += pr[j][e];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+  }
   if constexpr (kQuantizeP) {
     SecondLevel second[2];
     second_of(pr, second);

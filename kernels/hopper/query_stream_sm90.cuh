@@ -36,8 +36,9 @@ struct QueryStreamLayout {
   static constexpr int kK = kQ + kQueryTiles * kTileBytes;
   static constexpr int kV = kK + kStages * kTileBytes;
   static constexpr int kBarriers = kV + kStages * kTileBytes;
-  static_assert(kern::sm90_forward_smem_bytes(D, kQueryTiles, kStages) ==
-                    kBarriers + 8 * (1 + 3 * kStages),
+  static constexpr int kOnes = kBarriers + 1024;  // 1024-byte aligned, as the swizzle needs
+  static_assert(8 * (1 + 3 * kStages) <= 1024, "the barriers fit before the ones");
+  static_assert(kern::sm90_forward_smem_bytes(D, kQueryTiles, kStages) == kOnes + 2048,
                 "host and device disagree on the shared-memory layout");
 
   uint32_t base;  // the block's dynamic shared memory (1024-byte aligned)
@@ -52,6 +53,8 @@ struct QueryStreamLayout {
   __device__ __forceinline__ uint32_t bar_empty(int s) const {
     return bar_query() + 8 * (1 + 2 * kStages + s);
   }
+  // 16 x 64 16-bit ones (2048 bytes): B of P·ones, whose every column is the row sums of P.
+  __device__ __forceinline__ uint32_t ones_tile() const { return base + kOnes; }
 
   // Thread 0, before the block's first __syncthreads.
   __device__ __forceinline__ void init_barriers(int consumer_warps) const {

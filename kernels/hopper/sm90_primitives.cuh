@@ -153,6 +153,26 @@ __device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 2], const uint32_t (&
                                             uint64_t b_desc);
 
 // The instances (operand lists written out: inline PTX has no variadic register lists).
+// N = 8: the QAT forward's row sums, P against a tile of ones.
+template <>
+__device__ __forceinline__ void wgmma_rs_mn<Bf16, 8>(float (&d)[4], const uint32_t (&a)[4],
+                                                   uint64_t b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs_mn<F16, 8>(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint64_t b_desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
 template <>
 __device__ __forceinline__ void wgmma_ss<Bf16, 64>(float (&d)[32], uint64_t a_desc, uint64_t b_desc,
                                                  int accumulate) {
