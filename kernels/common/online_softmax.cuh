@@ -35,24 +35,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// s: kNT n8 tiles of scores (masked), rows g and g + 8 of the warp's m16 tile. m, l: the running
-// max and sum of those two rows (updated). alpha: each row's rescale of the output accumulators.
-// a_hp / a_q: P (and FQ_P(P)) as the A operands of the kNT / 2 k16 steps of P·V.
-// second_of(pr, second): the second-level NVFP4 factors of the two rows; BlockScalesOnly (block
-// scales) selects the short form of the quantization for p >= 0.
-// kSumRows = false: l is left alone, the caller keeps the rows' sums (the sm_90a QAT forward sums
-// a_hp by wgmma against a tile of ones, beside P·V, and rescales them with o).
-template <typename T, int kNT, bool kQuantizeP, bool kFusedExponent = true, bool kSumRows = true,
-          typename SecondLevelOf>
-__device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
-                                                    float (&l)[2], float (&alpha)[2],
-                                                    float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
-                                                    uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
-                                                    SecondLevelOf&& second_of) {
-  constexpr bool kBlock = std::is_base_of_v<BlockScalesOnly, std::decay_t<SecondLevelOf>>;
-  constexpr bool kShareScales = std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesQuadShared>;
-  constexpr bool kGroupMaxFirst = kQuantizeP && kShareScales;
-  const int lane = threadIdx.x & 31;
+// The step in two phases, which a kernel may run apart (the sm_90a QAT forward runs the first while
+// the previous tile's P·V is in flight, and the second once it has retired and freed the operand
+// registers). online_softmax_step, below, is the two back to back.
+//
+// Phase 1, softmax_exponentials: s holds kNT n8 tiles of (masked) scores, rows g and g + 8 of the
+// warp's m16 tile, and gets p in their place. m: the running max of those two rows (updated);
+// alpha: each row's rescale of the output accumulators. kGroupMaxFirst (quad-shared block scales of
+// P, 32-key sub-tiles): `mine` gets the scale of the NVFP4 group this lane computes for the quad.
+template <int kNT, bool kGroupMaxFirst, bool kFusedExponent = true>
+__device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (&m)[2],
+                                                     float (&alpha)[2], float scale_log2,
+                                                     Nvfp4Group& mine) {
   float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
   // kGroupMaxFirst: the max score of each 16-key NVFP4 group, reduced over the quad so that lane t
   // holds group t's (k = 2 kb + r: halving exchanges, xor 2 then xor 1); the rows' maxima follow
@@ -69,6 +63,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
         group_max[2 * kb + r] = fmaxf(fmaxf(s[2 * kb][2 * r], s[2 * kb][2 * r + 1]),
                                       fmaxf(s[2 * kb + 1][2 * r], s[2 * kb + 1][2 * r + 1]));
     halving_max<4, 2, 2>(group_max);  // lane bits 1, 0: t
+    const int lane = threadIdx.x & 31;
     const float row_mine = fmaxf(group_max[0], __shfl_xor_sync(0xffffffffu, group_max[0], 2));
     const float row_other = __shfl_xor_sync(0xffffffffu, row_mine, 1);
     mx[0] = (lane & 1) ? row_other : row_mine;
@@ -92,8 +87,8 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   }
 
   // The group this lane scales (kGroupMaxFirst): its max p from its max score.
-  Nvfp4Group mine{};
   if constexpr (kGroupMaxFirst) {
+    const int lane = threadIdx.x & 31;
     const float neg_m = (lane & 1) ? -m_use[1] : -m_use[0];  // group t's row is t & 1
     mine = nvfp4_block_group(fast_exp2(fmaf(group_max[0], scale_log2, neg_m)));
   }
@@ -102,40 +97,43 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   // one FMA (one rounding where the CPU reference rounds the product and then the difference: p
   // moves by an ulp at most); kFusedExponent = false keeps the two steps for a kernel at its
   // register cap, where the FMA form made ptxas spill (the compact VSA forward: 12 bytes).
-  float pr[kNT][4];
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if constexpr (kFusedExponent)
-        pr[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
+        s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
       else
-        pr[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
+        s[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
     }
+}
 
+// Phase 2, softmax_operands: p (phase 1's) as the A operands of the kNT / 2 k16 steps of P·V: a_hp
+// the dtype-rounded p (pack_p_operands) and (kQuantizeP) a_q FQ_P(p), 16-key NVFP4 groups
+// (quantize_p_operands). second_of(p, second): the second-level NVFP4 factors of the two rows;
+// BlockScalesOnly (block scales) selects the short form of the quantization for p >= 0,
+// BlockScalesQuadShared the scales phase 1 left in `mine`.
+template <typename T, int kNT>
+__device__ __forceinline__ void pack_p_operands(const float (&p)[kNT][4],
+                                                uint32_t (&a_hp)[kNT / 2][4]) {
 #pragma unroll
   for (int kb = 0; kb < kNT / 2; ++kb) {
-    a_hp[kb][0] = T::pack(pr[2 * kb][0], pr[2 * kb][1]);
-    a_hp[kb][1] = T::pack(pr[2 * kb][2], pr[2 * kb][3]);
-    a_hp[kb][2] = T::pack(pr[2 * kb + 1][0], pr[2 * kb + 1][1]);
-    a_hp[kb][3] = T::pack(pr[2 * kb + 1][2], pr[2 * kb + 1][3]);
+    a_hp[kb][0] = T::pack(p[2 * kb][0], p[2 * kb][1]);
+    a_hp[kb][1] = T::pack(p[2 * kb][2], p[2 * kb][3]);
+    a_hp[kb][2] = T::pack(p[2 * kb + 1][0], p[2 * kb + 1][1]);
+    a_hp[kb][3] = T::pack(p[2 * kb + 1][2], p[2 * kb + 1][3]);
   }
-
-  // l: the sum of the fp32 p (FastVideo's QAT kernel sums p rounded to the dtype; the two differ
-  // by the dtype's rounding errors, unbiased and averaging out, well under 2^-9 of l: unpacking
-  // the rounded values again cost two instructions per element).
-  if constexpr (kSumRows) {
-    float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) rs[e >> 1] += pr[j][e];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
-  }
+}
+template <typename T, int kNT, bool kQuantizeP, typename SecondLevelOf>
+__device__ __forceinline__ void quantize_p_operands(const float (&p)[kNT][4],
+                                                    const Nvfp4Group& mine,
+                                                    uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
+                                                    SecondLevelOf&& second_of) {
+  constexpr bool kBlock = std::is_base_of_v<BlockScalesOnly, std::decay_t<SecondLevelOf>>;
+  constexpr bool kShareScales = std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesQuadShared>;
   if constexpr (kQuantizeP) {
     SecondLevel second[2];
-    second_of(pr, second);
+    second_of(p, second);
     // A group: 16 keys of a row = the 4 values each lane of a quad holds in n8 tiles 2kb, 2kb+1.
     if constexpr (kShareScales) {
       static_assert(kNT == 4, "quad-shared scales: 32-key sub-tiles (4 groups per quad)");
@@ -143,13 +141,14 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
       // rather than each lane computing all 4 scales, lane t computed group t's (`mine`, above,
       // from the group's max score) and every lane fetches the 4 it needs. p >= 0, so the max p
       // is the group's amax, bitwise.
+      const int lane = threadIdx.x & 31;
 #pragma unroll
       for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const Nvfp4Group grp = nvfp4_block_group_from(mine, (lane & ~3) | (2 * kb + r));
-          float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
-                        pr[2 * kb + 1][2 * r + 1]};
+          float x[4] = {p[2 * kb][2 * r], p[2 * kb][2 * r + 1], p[2 * kb + 1][2 * r],
+                        p[2 * kb + 1][2 * r + 1]};
 #pragma unroll
           for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
           a_q[kb][r] = T::pack(x[0], x[1]);
@@ -160,8 +159,8 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
       for (int kb = 0; kb < kNT / 2; ++kb) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float x[4] = {pr[2 * kb][2 * r], pr[2 * kb][2 * r + 1], pr[2 * kb + 1][2 * r],
-                        pr[2 * kb + 1][2 * r + 1]};
+          float x[4] = {p[2 * kb][2 * r], p[2 * kb][2 * r + 1], p[2 * kb + 1][2 * r],
+                        p[2 * kb + 1][2 * r + 1]};
           float amax = 0.0f;
 #pragma unroll
           for (int i = 0; i < 4; ++i) amax = nvfp4_amax_step(amax, x[i]);
@@ -178,6 +177,50 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
       }
     }
   }
+}
+
+template <typename T, int kNT, bool kQuantizeP, typename SecondLevelOf>
+__device__ __forceinline__ void softmax_operands(const float (&p)[kNT][4], const Nvfp4Group& mine,
+                                                 uint32_t (&a_hp)[kNT / 2][4],
+                                                 uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
+                                                 SecondLevelOf&& second_of) {
+  pack_p_operands<T, kNT>(p, a_hp);
+  quantize_p_operands<T, kNT, kQuantizeP>(p, mine, a_q, second_of);
+}
+
+// One step: s (scores, masked) -> m, l (updated), alpha, and the P operands, as above.
+// kSumRows = false: l is left alone, the caller keeps the rows' sums (the sm_90a QAT forward sums
+// a_hp by wgmma against a tile of ones, beside P·V, and rescales them with o).
+template <typename T, int kNT, bool kQuantizeP, bool kFusedExponent = true, bool kSumRows = true,
+          typename SecondLevelOf>
+__device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
+                                                    float (&l)[2], float (&alpha)[2],
+                                                    float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
+                                                    uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
+                                                    SecondLevelOf&& second_of) {
+  constexpr bool kGroupMaxFirst =
+      kQuantizeP && std::is_same_v<std::decay_t<SecondLevelOf>, BlockScalesQuadShared>;
+  float p[kNT][4];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[j][e] = s[j][e];
+  Nvfp4Group mine{};
+  softmax_exponentials<kNT, kGroupMaxFirst, kFusedExponent>(p, m, alpha, scale_log2, mine);
+  pack_p_operands<T, kNT>(p, a_hp);
+  // l: the sum of the fp32 p (FastVideo's QAT kernel sums p rounded to the dtype; the two differ
+  // by the dtype's rounding errors, unbiased and averaging out, well under 2^-9 of l: unpacking
+  // the rounded values again cost two instructions per element).
+  if constexpr (kSumRows) {
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rs[e >> 1] += p[j][e];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
+  }
+  quantize_p_operands<T, kNT, kQuantizeP>(p, mine, a_q, second_of);
 }
 
 }  // namespace fva::dev
