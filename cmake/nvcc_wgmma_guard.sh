@@ -14,5 +14,11 @@ if grep -E '\(C751[0-9]\)' "$log" >&2; then
   echo "error: ptxas serialized wgmma instructions (above): the kernel pays a wait per product" >&2
   rc=1
 fi
+# A stack frame: an array the compiler indexes at run time lives in local memory (the QAT dK/dV's
+# NVFP4 amaxes did, from a loop left rolled: 1.8 local loads and stores per score element).
+if grep -E -B1 '^ +[1-9][0-9]* bytes stack frame' "$log" >&2; then
+  echo "error: a kernel uses local memory (stack frame above): an array indexed at run time?" >&2
+  rc=1
+fi
 rm -f "$log"
 exit $rc

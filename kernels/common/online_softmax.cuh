@@ -35,9 +35,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// The step in two phases, which a kernel may run apart (the sm_90a QAT forward runs the first while
-// the previous tile's P·V is in flight, and the second once it has retired and freed the operand
-// registers). online_softmax_step, below, is the two back to back.
+// The step in two phases, which a kernel may run apart: the exponentials need only s, the operands
+// need the operand registers (FlashAttention-3's intra-warpgroup overlap runs the first under the
+// previous tile's P·V; measured slower for the QAT forward, docs/perf.md, and not kept).
+// online_softmax_step, below, runs them back to back.
 //
 // Phase 1, softmax_exponentials: s holds kNT n8 tiles of (masked) scores, rows g and g + 8 of the
 // warp's m16 tile, and gets p in their place. m: the running max of those two rows (updated);
@@ -108,7 +109,7 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
     }
 }
 
-// Phase 2, softmax_operands: p (phase 1's) as the A operands of the kNT / 2 k16 steps of P·V: a_hp
+// Phase 2: p (phase 1's) as the A operands of the kNT / 2 k16 steps of P·V: a_hp
 // the dtype-rounded p (pack_p_operands) and (kQuantizeP) a_q FQ_P(p), 16-key NVFP4 groups
 // (quantize_p_operands). second_of(p, second): the second-level NVFP4 factors of the two rows;
 // BlockScalesOnly (block scales) selects the short form of the quantization for p >= 0,
@@ -177,15 +178,6 @@ __device__ __forceinline__ void quantize_p_operands(const float (&p)[kNT][4],
       }
     }
   }
-}
-
-template <typename T, int kNT, bool kQuantizeP, typename SecondLevelOf>
-__device__ __forceinline__ void softmax_operands(const float (&p)[kNT][4], const Nvfp4Group& mine,
-                                                 uint32_t (&a_hp)[kNT / 2][4],
-                                                 uint32_t (&a_q)[kQuantizeP ? kNT / 2 : 1][4],
-                                                 SecondLevelOf&& second_of) {
-  pack_p_operands<T, kNT>(p, a_hp);
-  quantize_p_operands<T, kNT, kQuantizeP>(p, mine, a_q, second_of);
 }
 
 // One step: s (scores, masked) -> m, l (updated), alpha, and the P operands, as above.

@@ -13,9 +13,11 @@
 // runs together), then the sub-tiles' P·V back to back; the P·V stays in flight while the next
 // tile's S is issued. The output rescale is skipped by a warp none of whose rows raised its max.
 // Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the next S
-// before this P·V; VSA 325 against 369 TFLOPS when VSA ran here), and ping-pong between the two
-// consumers (P·V of tile i and S of tile i + 1 in alternating sections: 212 against 222 TFLOPS at
-// S=16384; the NVFP4 arithmetic, not the tensor pipe, bounds this kernel).
+// before this P·V; VSA 325 against 369 TFLOPS when VSA ran here; QAT, with the softmax's
+// exponentials under the previous P·V, 277.7 against 286.8 at S=16384, branch exp/overlap-s7),
+// and ping-pong between the two consumers (P·V of tile i and S of tile i + 1 in alternating
+// sections: 256.5 against 277.8 TFLOPS at S=16384; the NVFP4 arithmetic, not the tensor pipe,
+// bounds this kernel).
 // VSA's forward is attention_forward_compact_sm90.cuh: its q blocks share no K/V tiles, and four
 // producer-less blocks per SM beat two warp-specialized ones.
 //

@@ -76,6 +76,11 @@ struct QatQueryTiles {
   __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
     return slot < n_valid && !(causal && key > row);
   }
+  // Every key of the block visible to every row of [row0, row0 + 64), all of them rows of the
+  // problem (whose lse is finite: each sees key 0 at least): dK/dV skips the per-element checks.
+  __device__ __forceinline__ bool tile_all_visible(int row0, int n_valid, int sq) const {
+    return n_valid == 64 && row0 + 64 <= sq && !(causal && k0 + 63 > row0);
+  }
 };
 
 }  // namespace fva::dev

@@ -103,6 +103,12 @@ struct VsaQueryTiles {
   __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
     return slot < n_valid;
   }
+  // Every key of the block visible to every row of [row0, row0 + 64), all of them rows of the
+  // problem: the q block lists this kv block (its inverse list holds it), whose 64 keys are all
+  // real, so every row's lse is finite. dK/dV skips the per-element checks.
+  __device__ __forceinline__ bool tile_all_visible(int row0, int n_valid, int sq) const {
+    return n_valid == 64 && row0 + 64 <= sq;
+  }
 };
 
 }  // namespace fva::dev

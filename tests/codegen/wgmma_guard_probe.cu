@@ -1,6 +1,7 @@
 // The probe of tests/codegen/check_wgmma_guard.sh: one wgmma product, and with FVA_GUARD_BAD a read
 // of its accumulator while it is in flight, which makes ptxas serialize the wgmma (C751x: it injects
-// a wait), so that cmake/nvcc_wgmma_guard.sh must fail the compile. Compiled, never run.
+// a wait), so that cmake/nvcc_wgmma_guard.sh must fail the compile; with FVA_GUARD_STACK a local
+// array indexed at run time (a stack frame), which the guard must reject too. Compiled, never run.
 #include <cstdint>
 extern "C" __global__ void serialized(float* out, uint64_t a_desc, uint64_t b_desc) {
   float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -16,3 +17,12 @@ extern "C" __global__ void serialized(float* out, uint64_t a_desc, uint64_t b_de
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
 }
+#ifdef FVA_GUARD_STACK
+// A local array indexed at run time: local memory, a stack frame.
+extern "C" __global__ void stack_frame(float* out, int i) {
+  float local[64];
+#pragma unroll 1
+  for (int k = 0; k < 64; ++k) local[(k * 7 + i) & 63] = out[k];
+  out[threadIdx.x] = local[i & 63] + local[(i + threadIdx.x) & 63];
+}
+#endif
