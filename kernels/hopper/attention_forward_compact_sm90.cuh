@@ -68,11 +68,11 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   // (the tensor cores read them after the issuing instruction).
   uint32_t a_hp[4][4], a_none[1][4];
 
-  mbar_wait(tiles.bar_query(), 0);
+  mbar_wait</*kSuspend=*/false>(tiles.bar_query(), 0);
   uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
   for (int tile = first; tile >= 0;) {
     const int next = sched.next(tile);
-    mbar_wait(tiles.bar_k(), phase);
+    mbar_wait</*kSuspend=*/false>(tiles.bar_k(), phase);
     wgmma_fence();
     wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
     wgmma_commit();
@@ -100,7 +100,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
-    mbar_wait(tiles.bar_v(), phase);
+    mbar_wait</*kSuspend=*/false>(tiles.bar_v(), phase);
     if (n_valid < 64) zero_tile_rows<L::kRegions>(v_tile, n_valid, tid);  // 0 * NaN is not 0
     wgmma_rs_tile_complete<T, D>(o, a_hp, v_tile);
     warpgroup_sync();
