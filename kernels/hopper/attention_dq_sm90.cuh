@@ -50,13 +50,30 @@ __device__ __forceinline__ void load_dq_row_stats(const kern::AttentionParams& p
 // of rowsum(dS) (the QAT smooth-K term). Masked entries are selected away, never multiplied: a
 // ragged block's padding slots may hold NaN in S and dP.
 template <typename T, typename Schedule>
-__device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row0, int row_base,
-                                        int t, float scale_log2, const float (&s)[8][4],
-                                        const float (&dp)[8][4], const float (&lse)[2],
-                                        const float (&delta)[2], float (&ds_sum)[2],
-                                        uint32_t (&a_ds)[4][4]) {
+__device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row0, int sq,
+                                        int row_base, int t, float scale_log2,
+                                        const float (&s)[8][4], const float (&dp)[8][4],
+                                        const float (&lse)[2], const float (&delta)[2],
+                                        float (&ds_sum)[2], uint32_t (&a_ds)[4][4]) {
   const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-  const bool unmasked = sched.unmasked(tile, row0);
+  // A tile every row of the block sees whole, all 64 rows real (so every lse is finite: QAT's
+  // rows see key 0, a VSA q block saw this listed block's 64 keys): no per-element selects (about
+  // 5 integer and predicate instructions per element).
+  if (sched.unmasked(tile, row0) && row0 + 64 <= sq) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const float pv = fast_exp2(fmaf(s[j][e], scale_log2, -lse[r]));
+        ds[e] = T::round(pv * (dp[j][e] - delta[r]));
+        ds_sum[r] += ds[e];
+      }
+      pack_a_tile<T>(a_ds, j, ds);
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float ds[4];
@@ -64,7 +81,7 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
     for (int e = 0; e < 4; ++e) {
       const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
       const bool vis = (lse[r] != -CUDART_INF_F) &
-                       (unmasked | sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
+                       sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid);
       const float pv = fast_exp2(fmaf(s[j][e], scale_log2, -lse[r]));
       ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
       ds_sum[r] += ds[e];
@@ -160,7 +177,8 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     warpgroup_sync();
     if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
 
-    ds_tile<T>(sched, tile, row0, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum, a_ds);
+    ds_tile<T>(sched, tile, row0, p.Sq, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum,
+               a_ds);
     if constexpr (Schedule::kPaddedBlocks) {
       // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K become
       // zeros before dS K reads them (S, which also read them, is complete in every warp). (QAT's
