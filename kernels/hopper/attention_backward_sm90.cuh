@@ -247,13 +247,13 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     }
     // dV += Pᵀ dO and dK += dSᵀ Q: k16 steps over the tile's queries (16 rows, 2048 bytes each) of
     // the MN-major dO and Q tiles.
+    const uint64_t do_desc = smem_descriptor(do_tile(stage), L::kRegionBytes, 1024);
+    const uint64_t q_desc = smem_descriptor(q_tile(stage), L::kRegionBytes, 1024);
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
-      wgmma_rs_mn<T, D>(dv, a_p[step],
-                        smem_descriptor(do_tile(stage) + step * 2048, L::kRegionBytes, 1024));
-      wgmma_rs_mn<T, D>(dk, a_ds[step],
-                        smem_descriptor(q_tile(stage) + step * 2048, L::kRegionBytes, 1024));
+      wgmma_rs_mn<T, D>(dv, a_p[step], smem_descriptor_advance(do_desc, step * 2048));
+      wgmma_rs_mn<T, D>(dk, a_ds[step], smem_descriptor_advance(q_desc, step * 2048));
     }
     wgmma_commit();
     // dV and dK stay in flight under the next tile's Sᵀ; the stage they read is released after

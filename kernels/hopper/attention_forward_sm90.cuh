@@ -188,10 +188,11 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   };
   // P·V over k16 steps [first, first + count) of the tile's 64 keys (16 keys, 2048 bytes each).
   auto issue_pv = [&](uint32_t v_smem, int first, int count) {
+    const uint64_t v_base = smem_descriptor(v_smem, L::kRegionBytes, 1024);
     wgmma_fence();
 #pragma unroll
     for (int step = first; step < first + count; ++step) {
-      const uint64_t v_desc = smem_descriptor(v_smem + step * 2048, L::kRegionBytes, 1024);
+      const uint64_t v_desc = smem_descriptor_advance(v_base, step * 2048);
       if constexpr (kQuantizeP) {
         wgmma_rs_mn<T, D>(o, a_q[step], v_desc);
         wgmma_rs_mn<T, D>(o_hp, a_hp[step], v_desc);
