@@ -3,8 +3,9 @@
 # ptxas's verbose report and fails it when ptxas serialized wgmma instructions (C7510-C7519:
 # "Potential Performance Loss: wgmma.mma_async instructions are serialized ..."). ptxas only
 # reports these as info, and the kernels still run, just slower: a change that makes the register
-# pressure or an accumulator access force the serialization must not land unnoticed. The rest of
-# the verbose report (registers, stack, compile times) is dropped; everything else passes through.
+# pressure or an accumulator access force the serialization must not land unnoticed. It fails a
+# compile that gives a kernel a stack frame too (local memory: an array indexed at run time). The
+# rest of the verbose report (registers, compile times) is dropped; everything else passes through.
 set -uo pipefail
 log=$(mktemp)
 "$@" -Xptxas=-v 2> "$log"

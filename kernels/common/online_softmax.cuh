@@ -3,7 +3,8 @@
 // warp's 16 query rows with the m16n8 accumulator layout (device_primitives.cuh), so the same code
 // turns a sub-tile of scores into the A-operand fragments of P·V:
 //     m' = max(m, rowmax(s) * scale_log2);  p = 2^(s * scale_log2 - m');  alpha = 2^(m - m')
-//     l  = l * alpha + rowsum(p)           (fp32 p; FastVideo's QAT sums the dtype-rounded p)
+//     l  = l * alpha + rowsum(p)           (fp32 p; FastVideo's QAT sums the dtype-rounded p, as
+//                                          the sm_90a QAT forward does by wgmma: kSumRows = false)
 //     P operands: the dtype-rounded p, and (kQuantizeP) FQ_P(p) with 16-key NVFP4 groups.
 // Masking happens before (the schedules say what a masked logit becomes).
 #pragma once
