@@ -6,9 +6,10 @@
 //     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands, one commit group)
 //     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))           (ds_tile)
 //     dQ += dS K                                (wgmma, dS from registers, K read MN-major)
-// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). Thread 0
-// loads the next key tile's V once dP has read V (under the dS arithmetic and the dQ product), and
-// its K once the dQ product has read K. A block's rows are its own and the tiles come in a fixed
+// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). The two
+// key-side tiles swap roles every key tile: thread 0 loads the next K into this tile's V slot once
+// dP has read it (under the dS arithmetic and the dQ product), and the next V into this K slot
+// once the dQ product has read it; the next S starts on its K while dP waits for that V. A block's rows are its own and the tiles come in a fixed
 // order, so dQ is a fixed-order sum: bitwise reproducible on every handle, with no reduction buffer
 // and no atomics. P's quantization plays no part in dQ (SPEC.md: dS uses the high-precision P), so
 // every P scale mode runs here.
@@ -127,7 +128,6 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   const L tiles{smem_addr(smem)};
   if (tiles.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
   const uint32_t q_tile = tiles.tile(kQ), do_tile = tiles.tile(kDO);
-  const uint32_t k_tile = tiles.tile(kK), v_tile = tiles.tile(kV);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -162,20 +162,32 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   uint32_t a_ds[4][4];  // dS as the A operands of the tile's 4 k16 steps (keys)
 
   mbar_wait(tiles.bar_query(), 0);
-  uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
+  // The two key-side tiles swap roles every key tile: tile i's K sits where tile i - 1's V was.
+  // The next K is loaded as soon as dP has read this V, and the next V once dS K has read this K;
+  // so the next S starts on a K loaded under this tile's dS arithmetic and product, and only dP
+  // waits for the V loaded last (before, the next K waited for dS K, and S for that load).
+  // Each slot's barrier completes once per key tile, so one phase serves both.
+  uint32_t phase = 0;
+  int k_slot = kK;  // load_first put the first tile's K in kK and its V in kV
   for (int tile = first; tile >= 0;) {
     const int next = sched.next(tile);
-    mbar_wait(tiles.bar_k(), phase);
-    mbar_wait(tiles.bar_v(), phase);
+    const int v_slot = kK + kV - k_slot;
+    auto bar_of = [&](int slot) { return slot == kK ? tiles.bar_k() : tiles.bar_v(); };
+    const uint32_t k_tile = tiles.tile(k_slot), v_tile = tiles.tile(v_slot);
+    mbar_wait(bar_of(k_slot), phase);
     wgmma_fence();
     wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
+    wgmma_commit();  // S runs while the wait for V (a loop: its own pipeline stage) goes on
+    mbar_wait(bar_of(v_slot), phase);
+    wgmma_fence();
     wgmma_tiles_abt<T, D>(dp_flat, do_tile, v_tile);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(s_flat);
     fence_registers(dp_flat);
     warpgroup_sync();
-    if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
+    if (tid == 0 && next >= 0)
+      tiles.load(v_slot, &P.k, bar_of(v_slot), sched.key0(next), hk, b);  // the next K
 
     ds_tile<T>(sched, tile, row0, p.Sq, row_base, t, p.scale_log2, s, dp, lse, delta, ds_sum,
                a_ds);
@@ -189,7 +201,9 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     // dQ += dS K: k16 steps over the tile's keys (16 rows, 2048 bytes each) of the MN-major K.
     wgmma_rs_tile_complete<T, D>(dq, a_ds, k_tile);
     warpgroup_sync();
-    if (tid == 0 && next >= 0) tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(next), hk, b);
+    if (tid == 0 && next >= 0)
+      tiles.load(k_slot, &P.v, bar_of(k_slot), sched.key0(next), hk, b);  // the next V
+    k_slot = v_slot;
     phase ^= 1;
     tile = next;
   }
