@@ -17,6 +17,8 @@
 
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
 #include "hopper/query_stream_sm90.cuh"  // zero_tile_rows, RegisterSplit
@@ -199,18 +201,11 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     fence_registers(st_flat);
 
     // Pᵀ (masked entries 0); this thread's query columns of the tile are 8j + 2t + {0, 1}. A tile
-    // the schedule says is wholly visible skips the per-element checks (about 5 integer and
-    // predicate instructions per element).
+    // the schedule says is wholly visible (kAllVisible) is compiled without the per-element checks
+    // (about 5 integer and predicate instructions per element).
     const float* stats = row_stats + stage * 128;
-    if (sched.tile_all_visible(c.row0, n_keys, p.Sq)) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 lse = *reinterpret_cast<const float2*>(stats + j * 8 + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[j][e] = fast_exp2(fmaf(st[j][e], p.scale_log2, -((e & 1) ? lse.y : lse.x)));
-      }
-    } else {
+    auto probabilities = [&](auto all_visible) {
+      constexpr bool kAllVisible = decltype(all_visible)::value;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float2 lse = *reinterpret_cast<const float2*>(stats + j * 8 + 2 * t);
@@ -219,11 +214,16 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
           const int col = j * 8 + 2 * t + (e & 1), row = c.row0 + col;
           const int key_slot = slot_base + 8 * (e >> 1);
           const float l = (e & 1) ? lse.y : lse.x;
-          const bool vis =
-              l != -CUDART_INF_F && sched.visible(row, k0 + key_slot, key_slot, n_keys);
+          const bool vis = kAllVisible || (l != -CUDART_INF_F &&
+                                           sched.visible(row, k0 + key_slot, key_slot, n_keys));
           st[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
         }
       }
+    };
+    if (sched.tile_all_visible(c.row0, n_keys, p.Sq)) {
+      probabilities(std::true_type{});
+    } else {
+      probabilities(std::false_type{});
     }
     wgmma_wait<0>();  // dPᵀ
     fence_registers(dpt_flat);

@@ -3,16 +3,15 @@
 // producer warpgroup, three blocks per SM (at most 168 registers per thread; Q, dO, K and V tiles:
 // 64 KiB at D=128). A block walks the forward's schedule for its rows (QAT: key tiles from 0, up to
 // the diagonal when causal; VSA: the q block's q2k list):
-//     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands, one commit group)
+//     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands)
 //     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))           (ds_tile)
 //     dQ += dS K                                (wgmma, dS from registers, K read MN-major)
-// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). The two
-// key-side tiles swap roles every key tile: thread 0 loads the next K into this tile's V slot once
-// dP has read it (under the dS arithmetic and the dQ product), and the next V into this K slot
-// once the dQ product has read it; the next S starts on its K while dP waits for that V. A block's rows are its own and the tiles come in a fixed
-// order, so dQ is a fixed-order sum: bitwise reproducible on every handle, with no reduction buffer
-// and no atomics. P's quantization plays no part in dQ (SPEC.md: dS uses the high-precision P), so
-// every P scale mode runs here.
+// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). Thread 0
+// loads the next key tile's K and V into the two key-side tiles, which swap roles every key tile
+// (see the loop). A block's rows are its own and the tiles come in a fixed order, so dQ is a
+// fixed-order sum: bitwise reproducible on every handle, no reduction buffer and no atomics. P's
+// quantization plays no part in dQ (SPEC.md: dS uses the high-precision P), so every P scale mode
+// runs here.
 // Why not FlashAttention-3's warp-specialized shape (a producer warpgroup and a K/V ring, as QAT's
 // forward): for VSA, a q block's list is its own, so consumers share no tiles and a producer per
 // consumer left two consumers per SM; here three share an SM, whose warp schedulers run one block's
@@ -23,6 +22,8 @@
 #pragma once
 
 #include <math_constants.h>
+
+#include <type_traits>
 
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
@@ -57,37 +58,30 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
                                         const float (&lse)[2], const float (&delta)[2],
                                         float (&ds_sum)[2], uint32_t (&a_ds)[4][4]) {
   const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-  // A tile every row of the block sees whole, all 64 rows real (so every lse is finite: QAT's
-  // rows see key 0, a VSA q block saw this listed block's 64 keys): no per-element selects (about
-  // 5 integer and predicate instructions per element).
-  if (sched.unmasked(tile, row0) && row0 + 64 <= sq) {
+  // kAllVisible: a tile every row of the block sees whole, all 64 rows real (so every lse is
+  // finite: QAT's rows see key 0, a VSA q block saw this listed block's 64 keys), compiled without
+  // the per-element selects (about 5 integer and predicate instructions per element).
+  auto tile_ds = [&](auto all_visible) {
+    constexpr bool kAllVisible = decltype(all_visible)::value;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       float ds[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
+        const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
+        const bool vis = kAllVisible || ((lse[r] != -CUDART_INF_F) &
+                                         sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid));
         const float pv = fast_exp2(fmaf(s[j][e], scale_log2, -lse[r]));
-        ds[e] = T::round(pv * (dp[j][e] - delta[r]));
+        ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
         ds_sum[r] += ds[e];
       }
       pack_a_tile<T>(a_ds, j, ds);
     }
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float ds[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int slot = j * 8 + 2 * t + (e & 1), r = e >> 1;
-      const bool vis = (lse[r] != -CUDART_INF_F) &
-                       sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid);
-      const float pv = fast_exp2(fmaf(s[j][e], scale_log2, -lse[r]));
-      ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
-      ds_sum[r] += ds[e];
-    }
-    pack_a_tile<T>(a_ds, j, ds);
+  };
+  if (sched.unmasked(tile, row0) && row0 + 64 <= sq) {
+    tile_ds(std::true_type{});
+  } else {
+    tile_ds(std::false_type{});
   }
 }
 

@@ -100,8 +100,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
   if (threadIdx.x < 128) {  // the ones tile: 16 bytes per thread, read by wgmma (async proxy)
     const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(ring.ones_tile() + 16 * threadIdx.x),
-                 "r"(one2)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
+                 ::"r"(ring.ones_tile() + 16 * threadIdx.x), "r"(one2)
                  : "memory");
     fence_proxy_async();
   }

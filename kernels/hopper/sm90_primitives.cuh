@@ -293,7 +293,8 @@ __device__ __forceinline__ void wgmma_ss_chain(float (&d)[N / 2], uint64_t a_des
 // row, 4 steps per region. S = Q Kᵀ and dP = dO Vᵀ (forward, dQ), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (dK/dV).
 template <typename T, int D>
 __device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile, uint32_t b_tile) {
-  const uint64_t a_desc = smem_descriptor(a_tile, 16, 1024), b_desc = smem_descriptor(b_tile, 16, 1024);
+  const uint64_t a_desc = smem_descriptor(a_tile, 16, 1024);
+  const uint64_t b_desc = smem_descriptor(b_tile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t offset = (kk / 4) * (64 * 128) + (kk % 4) * 32;
