@@ -7,7 +7,8 @@
 //   red    red.global.add.v4.f32 from registers, a warp's 16-byte reductions covering 512
 //          contiguous bytes (the fused kernel's way);
 //   bulk   each warp stages its 8 KiB in shared memory, 2 KiB at a time, and adds it with one
-//          cp.reduce.async.bulk (the TMA) per 2 KiB (FlashAttention-3's way);
+//          cp.reduce.async.bulk (the TMA) per 2 KiB (FlashAttention-3's way); bulk2 the same
+//          with two staging buffers per warp;
 //   store  plain st.global.v4 of the same bytes (no addition: the write bandwidth the others
 //          compare against);
 // with the tile of each block's step s either the same for every block (tile s: all blocks add
@@ -52,14 +53,18 @@ __global__ void __launch_bounds__(128) reduce_store(float* acc, bool spread) {
   }
 }
 
+// kBuffers 2 KiB buffers per warp: with two, a chunk's staging overlaps the previous chunk's
+// reduction.
+template <int kBuffers>
 __global__ void __launch_bounds__(128) reduce_bulk(float* acc, bool spread) {
-  __shared__ __align__(128) float stage[4][512];  // 2 KiB per warp
+  __shared__ __align__(128) float stage[4][kBuffers][512];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t buf = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[warp][0]));
   for (int s = 0; s < kSteps; ++s) {
     float* tile = acc + static_cast<size_t>(tile_of(s, spread)) * kTileFloats;
     float* warp_part = tile + warp * 16 * 32 * 4;  // 8 KiB per warp
     for (int chunk = 0; chunk < 4; ++chunk) {
+      const uint32_t buf =
+          static_cast<uint32_t>(__cvta_generic_to_shared(&stage[warp][chunk % kBuffers][0]));
       // The buffer's previous bulk reduction has read it (lane 0 waited), then every lane writes.
       __syncwarp();
 #pragma unroll
@@ -76,39 +81,7 @@ __global__ void __launch_bounds__(128) reduce_bulk(float* acc, bool spread) {
             "r"(buf)
             : "memory");
         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-      }
-    }
-  }
-  if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-
-// bulk with two 2 KiB buffers per warp: a chunk's staging overlaps the previous chunk's reduction.
-__global__ void __launch_bounds__(128) reduce_bulk2(float* acc, bool spread) {
-  __shared__ __align__(128) float stage[4][2][512];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int s = 0; s < kSteps; ++s) {
-    float* tile = acc + static_cast<size_t>(tile_of(s, spread)) * kTileFloats;
-    float* warp_part = tile + warp * 16 * 32 * 4;
-    for (int chunk = 0; chunk < 4; ++chunk) {
-      const uint32_t buf =
-          static_cast<uint32_t>(__cvta_generic_to_shared(&stage[warp][chunk & 1][0]));
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (j * 32 + lane) * 16),
-                     "f"(1.0f), "f"(2.0f), "f"(3.0f), "f"(4.0f)
-                     : "memory");
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncwarp();
-      if (lane == 0) {
-        asm volatile(
-            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 2048;\n" ::"l"(
-                warp_part + chunk * 512),
-            "r"(buf)
-            : "memory");
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kBuffers - 1) : "memory");
       }
     }
   }
@@ -149,8 +122,8 @@ int main() {
   for (bool spread : {false, true}) {
     const char* pat = spread ? "spread" : "same";
     const float r = median_ms(reduce_red, acc, spread);
-    const float u = median_ms(reduce_bulk, acc, spread);
-    const float u2 = median_ms(reduce_bulk2, acc, spread);
+    const float u = median_ms(reduce_bulk<1>, acc, spread);
+    const float u2 = median_ms(reduce_bulk<2>, acc, spread);
     const float w = median_ms(reduce_store, acc, spread);
     std::printf("red    %-7s %7.3f %8.0f\n", pat, r, bytes / r / 1e6);
     std::printf("bulk   %-7s %7.3f %8.0f\n", pat, u, bytes / u / 1e6);
