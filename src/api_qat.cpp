@@ -62,7 +62,7 @@ size_t forward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
 size_t backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::qat_backward_workspace(p);
   cuda::require_qat_support(p, p.dtype);
-  return cuda::qat_backward_workspace(p);
+  return cuda::qat_backward_workspace(h, p);
 }
 
 }  // namespace

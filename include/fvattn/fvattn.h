@@ -133,7 +133,11 @@ typedef struct fva_handle_options {
   uint32_t struct_size;  /* sizeof(fva_handle_options_t) */
   int32_t backend;       /* FVA_BACKEND_* */
   int32_t device;        /* CUDA device ordinal; -1: the calling thread's current device (or 0) */
-  int32_t deterministic; /* 1: bitwise reproducible results run to run (the CPU backend always is) */
+  int32_t deterministic; /* 1: bitwise reproducible results run to run (the CPU backend always is).
+                            0 (default): on sm_90, the QAT backward at D = 128 sums dQ with fp32
+                            atomics (its last bits vary run to run; dK and dV do not), which is
+                            faster and needs more workspace; every other op is reproducible on
+                            either handle */
   int32_t kernels;       /* FVA_KERNELS_*; appended after ABI 1: a struct_size that ends before it
                             (a client built against the older header) means FVA_KERNELS_AUTO */
 } fva_handle_options_t;
@@ -213,7 +217,9 @@ FVA_API fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg
                                      const fva_tensor_t* v, const fva_tensor_t* o,
                                      const fva_tensor_t* o_hp, const fva_tensor_t* lse, void* ws,
                                      size_t ws_bytes, void* stream);
-/* Bytes of workspace fva_qat_backward needs. */
+/* Bytes of workspace fva_qat_backward needs. It depends on the handle: on sm_90 a handle that is
+ * not deterministic needs an fp32 dQ accumulator more at D = 128 (4 (D + 1) bytes per query row
+ * and head, rows rounded up to 64). */
 FVA_API fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                                      const fva_tensor_t* q, const fva_tensor_t* k,
                                                      const fva_tensor_t* v, size_t* bytes);

@@ -70,9 +70,14 @@ struct Sm90ForwardParams {
 };
 
 // The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.
+// The dK/dV kernel that also reduces dQ (handles that are not deterministic) adds into dq_accum and
+// ds_rowsum in the workspace (hopper/dq_accumulator_sm90.cuh: their layout); null otherwise.
 struct Sm90BackwardParams {
   AttentionParams a;
   TensorMap q, k, v, dout;
+  float* dq_accum;   // [B, Hq, q_tiles, 64 x D] fp32, zeroed before the kernel
+  float* ds_rowsum;  // [B, Hq, q_tiles, 64] fp32, zeroed before the kernel
+  int32_t q_tiles;   // ceil(Sq / 64)
 };
 
 // NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
@@ -134,9 +139,18 @@ constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
 constexpr int sm90_compact_smem_bytes(int D, int tiles) { return tiles * 64 * D * 2 + 3 * 8; }
 
 
-// sm_90a dK/dV: K, V, kStages (Q, dO) tile pairs with their lse and Delta, mbarriers.
-constexpr int sm90_dkdv_smem_bytes(int D, int stages) {
-  return (2 + 2 * stages) * 64 * D * 2 + stages * 2 * 64 * 4 + 8 * (1 + 2 * stages);
+// sm_90a dK/dV: K and V (per consumer: one, or two with dQ fused), kStages (Q, dO) tile pairs, with
+// dQ fused two buffers of a dSᵀ tile per consumer (64 x 64 16-bit) and a 2048-byte tile of ones
+// (the B operand of rowsum(dS)); then the stages' lse and Delta, mbarriers (fused: 4 more).
+constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
+  return (2 * (fuse_dq ? 2 : 1) + 2 * stages) * 64 * D * 2 +
+         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * 2 * 64 * 4 +
+         8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
+}
+
+// The fused backward's fp32 dQ accumulator and rowsum(dS), in bytes (dq_accum, then ds_rowsum).
+constexpr int64_t sm90_dq_accumulator_bytes(int64_t B, int64_t Hq, int64_t Sq, int64_t D) {
+  return B * Hq * ((Sq + 63) / 64) * 64 * (D + 1) * 4;
 }
 
 }  // namespace fva::kern

@@ -22,7 +22,9 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                  const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream);
 
-size_t qat_backward_workspace(const cpu::QatProblem& p);
+// The QAT backward's workspace depends on the handle: on sm_90a a handle that is not deterministic
+// reduces dQ in an fp32 accumulator there (sm90_kernels.h, sm90_fuses_dq).
+size_t qat_backward_workspace(const fva_handle& h, const cpu::QatProblem& p);
 void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o_for_bwd,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,

@@ -61,6 +61,7 @@ Driver load() {
       !bind(lib, "cuLibraryGetKernel", &a.cuLibraryGetKernel, &d.why) ||
       !bind(lib, "cuKernelSetAttribute", &a.cuKernelSetAttribute, &d.why) ||
       !bind(lib, "cuLaunchKernel", &a.cuLaunchKernel, &d.why) ||
+      !bind(lib, "cuMemsetD32Async", &a.cuMemsetD32Async, &d.why) ||
       !bind(lib, "cuTensorMapEncodeTiled", &a.cuTensorMapEncodeTiled, &d.why)) {
     return d;  // the library handle stays open: harmless, and dlclose of a driver is unsafe
   }

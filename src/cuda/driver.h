@@ -37,6 +37,9 @@ struct Api {
   CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice) = nullptr;
   CUresult (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**) = nullptr;
+  // cuMemsetD32Async(address, value, count of 32-bit words, stream): the fused backward's fp32 dQ
+  // accumulator is zeroed with it.
+  CUresult (*cuMemsetD32Async)(unsigned long long, unsigned int, size_t, CUstream) = nullptr;
   // cuTensorMapEncodeTiled(map, dtype, rank, address, dims, strides (bytes, rank - 1), box,
   // element strides, interleave, swizzle, L2 promotion, OOB fill): the sm_90a kernels' TMA maps.
   CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const unsigned long long*,

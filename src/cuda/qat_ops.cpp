@@ -42,10 +42,12 @@ struct QatBuffers {
   float* k_mean = nullptr;
   double* mean_partial = nullptr;
   float* delta = nullptr;
+  float* dq_accumulator = nullptr;  // the fused sm_90a backward's (sm90_fuses_dq)
 };
 
-// One layout for sizing and carving: prepared tensors, the mean, then (backward) Delta.
-QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward,
+// One layout for sizing and carving: prepared tensors, the mean, then (backward) Delta and, when
+// the sm_90a dK/dV kernel reduces dQ, its fp32 accumulator.
+QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, bool fuse_dq,
                  WorkspaceCarver& c) {
   QatBuffers b;
   if (prep.q) b.fq = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hq * p.Sq * p.D));
@@ -56,7 +58,24 @@ QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward,
     b.mean_partial = c.take<double>(static_cast<size_t>(mean_chunks(p) * p.D));
   }
   if (backward) b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.Sq));
+  if (fuse_dq)
+    b.dq_accumulator =
+        c.take<float>(static_cast<size_t>(kern::sm90_dq_accumulator_bytes(p.B, p.Hq, p.Sq, p.D) / 4));
   return b;
+}
+
+// The backward's quantization: FastVideo's use_qat_qkv_backward = 0 runs it on the unquantized
+// (smoothed) inputs; quantize_p_backward = 0 gives dV the unquantized P.
+bool backward_quantizes_qkv(const cpu::QatProblem& p) {
+  return p.cfg.quantize != 0 && p.cfg.quantized_qkv_backward != 0;
+}
+bool backward_quantizes_p(const cpu::QatProblem& p) {
+  return p.cfg.quantize != 0 && p.cfg.quantize_p_backward != 0;
+}
+// Whether the sm_90a dK/dV kernel reduces dQ (the workspace query and the call ask alike).
+bool fuses_dq(const fva_handle& h, const cpu::QatProblem& p) {
+  return sm90_fuses_dq(h, Sm90Kind::kQat, p.D) &&
+         sm90_dkdv_covers(Sm90Kind::kQat, backward_quantizes_p(p), p.cfg.p_scale);
 }
 
 void launch_quantize(const fva_handle& h, int32_t dtype, const kern::Tensor4& x,
@@ -158,13 +177,13 @@ void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
 
 size_t qat_forward_workspace(const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, p.cfg.quantize != 0), false, c);
+  carve(p, prepared(p, p.cfg.quantize != 0), false, false, c);
   return c.bytes();
 }
 
-size_t qat_backward_workspace(const cpu::QatProblem& p) {
+size_t qat_backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, p.cfg.quantize != 0 && p.cfg.quantized_qkv_backward != 0), true, c);
+  carve(p, prepared(p, backward_quantizes_qkv(p)), true, fuses_dq(h, p), c);
   return c.bytes();
 }
 
@@ -175,7 +194,7 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   const bool quantize = p.cfg.quantize != 0;
   const Prepared prep = prepared(p, quantize);
   WorkspaceCarver c(ws);
-  const QatBuffers buf = carve(p, prep, false, c);
+  const QatBuffers buf = carve(p, prep, false, false, c);
   kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
   a.o = tensor4(o);
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
@@ -201,11 +220,11 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,
                   const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws, void* stream) {
   ensure_context(h.device);
-  // FastVideo's use_qat_qkv_backward = 0 runs the backward on the unquantized (smoothed) inputs.
-  const bool quantize = p.cfg.quantize != 0 && p.cfg.quantized_qkv_backward != 0;
+  const bool quantize = backward_quantizes_qkv(p);
   const Prepared prep = prepared(p, quantize);
+  const bool fuse_dq = fuses_dq(h, p);
   WorkspaceCarver c(ws);
-  const QatBuffers buf = carve(p, prep, true, c);
+  const QatBuffers buf = carve(p, prep, true, fuse_dq, c);
   kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
   a.o_for_bwd = tensor4(o_for_bwd);
   a.dout = tensor4(dout);
@@ -214,7 +233,7 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   a.dk = tensor4(dk);
   a.dv = tensor4(dv);
   a.delta = buf.delta;
-  a.quantize_p = p.cfg.quantize != 0 && p.cfg.quantize_p_backward != 0 ? 1 : 0;
+  a.quantize_p = backward_quantizes_p(p) ? 1 : 0;
   const char* sfx = dtype_suffix(q.dtype);
 
   Launch l;
@@ -224,6 +243,10 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   // sm_90: the Hopper-native dQ, and dK/dV where it covers the P scale mode.
   kern::Sm90BackwardParams native;
   const bool sm90 = sm90_backward_prepare(h, a, p.D, &native);
+  if (sm90 && fuse_dq) {  // dK/dV with dQ reduced beside them (not bitwise reproducible)
+    sm90_fused_backward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, buf.dq_accumulator, stream);
+    return;
+  }
   if (sm90) {
     sm90_dq_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, stream);
   } else {

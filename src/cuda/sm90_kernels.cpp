@@ -99,6 +99,8 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
   const Api* api = native_api(h, D);
   if (api == nullptr) return false;
   params->a = a;
+  params->dq_accum = params->ds_rowsum = nullptr;  // sm90_fused_backward_launch sets them
+  params->q_tiles = static_cast<int32_t>(blocks_for(a.Sq, 64));
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
          encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v) &&
@@ -117,18 +119,57 @@ bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale) {
   return kind != Sm90Kind::kQat || !quantize_p || p_scale == FVA_SCALE_BLOCK;
 }
 
-void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
-                      int64_t D, int32_t dtype, void* stream) {
+namespace {
+
+// dK/dV, with dQ reduced into the accumulator (fused) or not.
+void dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
+                 int64_t D, int32_t dtype, bool fused, void* stream) {
   const kern::AttentionParams& a = params.a;
   Launch l;
-  l.grid_x = blocks_for(a.Skv, 64);
+  // A producer warpgroup and one consumer per 64 keys (fused: two).
+  const int consumers = fused ? 2 : 1;
+  l.grid_x = blocks_for(a.Skv, 64 * consumers);
   l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hkv);
-  l.block = 256;  // a producer and a consumer warpgroup
-  l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages));
-  const std::string name =
-      kind == Sm90Kind::kQat
-          ? fmt::format("fva_sm90_qat_bwd_dkdv_{}_d{}", dtype_suffix(dtype), D)
-          : fmt::format("fva_sm90_vsa_bwd_dkdv_{}_d{}", dtype_suffix(dtype), D);
+  l.block = 128 * (1 + consumers);
+  l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused));
+  const std::string name = fmt::format("fva_sm90_{}_bwd_dkdv{}_{}_d{}",
+                                       kind == Sm90Kind::kQat ? "qat" : "vsa", fused ? "q" : "",
+                                       dtype_suffix(dtype), D);
+  launch("sm90", name.c_str(), h.device, l, stream, params);
+}
+
+}  // namespace
+
+void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
+                      int64_t D, int32_t dtype, void* stream) {
+  dkdv_launch(h, kind, params, D, dtype, false, stream);
+}
+
+bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D) {
+  return kind == Sm90Kind::kQat && D == 128 && !h.deterministic && native_api(h, D) != nullptr;
+}
+
+void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
+                                kern::Sm90BackwardParams& params, int64_t D, int32_t dtype,
+                                float* accumulator, void* stream) {
+  const kern::AttentionParams& a = params.a;
+  // dq_accum, then ds_rowsum; one memset zeroes both.
+  params.dq_accum = accumulator;
+  params.ds_rowsum = accumulator + static_cast<int64_t>(a.B) * a.Hq * params.q_tiles * 64 * D;
+  const Api& api = *cuda::api();
+  const int64_t words = kern::sm90_dq_accumulator_bytes(a.B, a.Hq, a.Sq, D) / 4;
+  const CUresult r = api.cuMemsetD32Async(reinterpret_cast<unsigned long long>(accumulator), 0,
+                                          static_cast<size_t>(words), stream);
+  if (r != CUDA_SUCCESS)
+    fail(FVA_ERR_CUDA, "zeroing the dQ accumulator ({} bytes) failed: {}", 4 * words,
+         error_text(api, r));
+  dkdv_launch(h, kind, params, D, dtype, true, stream);
+  // dq_accumulator_sm90.cuh: a 128-thread block per 64-row query tile of every (b, q head).
+  Launch l;
+  l.grid_x = static_cast<unsigned>(params.q_tiles);
+  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.block = 128;
+  const std::string name = fmt::format("fva_sm90_dq_convert_{}_d{}", dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 

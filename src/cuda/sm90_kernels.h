@@ -41,4 +41,17 @@ bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale);
 void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                       int64_t D, int32_t dtype, void* stream);
 
+// Whether a backward on `h` reduces dQ inside the sm_90a dK/dV kernel (fp32 reductions in L2, in
+// an order that varies run to run) instead of running the dQ kernel: QAT at D = 128 on handles that
+// are not deterministic, when the native kernels may run. The backward then needs
+// kern::sm90_dq_accumulator_bytes of workspace more (its size query asks here too). (VSA keeps the
+// dQ kernel: its kv blocks have lists of their own, so a block cannot pair two of them, and with
+// one 64-key tile per block the reductions cost more than the dQ kernel: docs/perf.md.)
+bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D);
+// The fused backward, prepared above, with `accumulator` (sm90_dq_accumulator_bytes of workspace):
+// zeroes it, runs dK/dV with dQ into it, converts it into a.dq.
+void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
+                                kern::Sm90BackwardParams& params, int64_t D, int32_t dtype,
+                                float* accumulator, void* stream);
+
 }  // namespace fva::cuda

@@ -386,7 +386,7 @@ void check_vsa_case(const VsaCase& c) {
                                 dk_r.t(), dv_r.t(), ws.data(), bytes, nullptr));
   }
   std::vector<uint16_t> first_dk;
-  for (int run = 0; run < 2; ++run) {  // twice: the backward must be bitwise deterministic
+  for (int run = 0; run < 2; ++run) {  // twice: dK and dV are bitwise deterministic on every handle
     DeviceTensor q(in.q), k(in.k), v(in.v), o(o_ref), l(l_ref), dout(in.dout), idx(in.idx),
         num(in.num), sizes(in.sizes), dq(dq_g), dk(dk_g), dv(dv_g);
     size_t bytes = 0;
@@ -601,6 +601,28 @@ TEST_CASE("GPU results against FastVideo's golden outputs") {
     check_close("vsa dk vs golden", dk, load("dk", ks), kTol);
     check_close("vsa dv vs golden", dv, load("dv", ks), kTol);
   }
+}
+
+TEST_CASE("GPU QAT backward workspace: the fused dQ's fp32 accumulator on handles that are not deterministic") {
+  // On sm_90 with the native kernels, QAT at D = 128 on a handle that is not deterministic reduces
+  // dQ into an fp32 accumulator in the workspace: 4 (D + 1) bytes per head and query row, rows
+  // rounded up to 64. Deterministic handles (and every other device or kernel set) need none.
+  QatCase c = random_qat_case("production");
+  c.D = 128;
+  const QatTensors in = make_qat_inputs(c);
+  DeviceTensor q(in.q), k(in.k), v(in.v);
+  CudaHandle det(true), fast(false);
+  size_t det_bytes = 0, fast_bytes = 0;
+  REQUIRE_OK(fva_qat_backward_workspace_size(det.h, &c.cfg, q.t(), k.t(), v.t(), &det_bytes));
+  REQUIRE_OK(fva_qat_backward_workspace_size(fast.h, &c.cfg, q.t(), k.t(), v.t(), &fast_bytes));
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  REQUIRE_OK(fva_get_info(fast.h, &info));
+  const bool fused = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const size_t accumulator =
+      static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * 64 * (c.D + 1) * 4);
+  INFO(describe(c) << ", image " << info.image);
+  CHECK(fast_bytes == det_bytes + (fused ? accumulator : 0));
 }
 
 TEST_CASE("GPU backward is bitwise deterministic, and every op replays from a CUDA graph") {
