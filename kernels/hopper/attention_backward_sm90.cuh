@@ -207,13 +207,14 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
 
   // ---- consumer ---------------------------------------------------------------------------------
   setmaxnreg_inc<RegisterSplit<kConsumers>::kConsumer>();
-  const int consumer = warpgroup - 1;
+  const int consumer = kConsumers == 1 ? 0 : warpgroup - 1;  // a constant when it can be
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int slot_base = warp * 16 + g;  // this thread's keys: slot_base, slot_base + 8
   // This consumer's 64 keys from kc0: their visibility, count (at most 0 past Skv) and outputs.
   const int kc0 = k0 + 64 * consumer;
-  const Schedule keys(p, b, hk, kc0);
+  const Schedule second(p, b, hk, kc0);
+  const Schedule& keys = kConsumers == 1 ? sched : second;  // one consumer: the block's schedule
   const int n_keys = keys.valid_keys();
   const uint32_t k_tile = base + L::kK + consumer * L::kTileBytes;
   const uint32_t v_tile = base + L::kV + consumer * L::kTileBytes;
