@@ -145,8 +145,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   }
   if (kFuseDq && threadIdx.x < 128) {  // the ones tile: 16 bytes per thread, read by wgmma
     const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + L::kOnes + 16 * threadIdx.x),
-                 "r"(one2)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
+                 ::"r"(base + L::kOnes + 16 * threadIdx.x), "r"(one2)
                  : "memory");
     fence_proxy_async();
   }
@@ -373,7 +373,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     auto issue_dv_dk = [&] {
       const uint64_t do_desc = smem_descriptor(do_tile(stage), L::kRegionBytes, 1024);
       const uint64_t q_desc = smem_descriptor(q_tile(stage), L::kRegionBytes, 1024);
-      [[maybe_unused]] const uint64_t ds_desc = smem_descriptor(ds_region(done & 1, consumer), 16, 1024);
+      [[maybe_unused]] const uint64_t ds_desc =
+          smem_descriptor(ds_region(done & 1, consumer), 16, 1024);
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < 4; ++step) {

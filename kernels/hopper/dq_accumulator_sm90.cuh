@@ -4,12 +4,14 @@
 // (2 of the backward's 7 products). The reductions' order varies run to run, so dQ is not bitwise
 // reproducible; deterministic handles keep the dQ kernel (attention_dq_sm90.cuh).
 //
-// Layout (the host zeroes it before the dK/dV kernel): per (b, q head) and 64-row query tile, 64 x D
-// floats in the wgmma accumulator's fragment order. Thread (warp w, lane) of a warpgroup holds, for
-// each 8-column group j, rows 16w + lane / 4 + {0, 8} x columns 8j + 2 (lane % 4) + {0, 1} in its
-// registers d[4j .. 4j + 3]; those 4 floats sit together at float offset ((w D/8 + j) 32 + lane) 4,
-// so a warp's 16-byte reductions of one j cover 512 contiguous bytes (four whole 128-byte lines).
-// Beside it, rowsum(dS) per row ([b, q head, tile, 64]) for QAT's smooth-K term.
+// Layout (the host zeroes it before the dK/dV kernel): per (b, q head) and 64-row query tile,
+// 64 x D floats in the wgmma accumulator's fragment order. Thread (warp w, lane) of an m64nD
+// fragment holds, for each 8-column group j, rows 16w + lane / 4 + {0, 8} x columns 8j +
+// 2 (lane % 4) + {0, 1} in its registers d[4j .. 4j + 3]; those 4 floats sit together at float
+// offset ((w D/8 + j) 32 + lane) 4, so a warp's 16-byte reductions of one j cover 512 contiguous
+// bytes (four whole 128-byte lines). (The fused kernel's consumer c holds the m64n64 half of
+// groups j = 8c ... 8c + 7.) Beside it, rowsum(dS) per row ([b, q head, tile, 64]) for QAT's
+// smooth-K term.
 #pragma once
 
 #include "common/kernel_params.h"

@@ -187,8 +187,8 @@ __device__ __forceinline__ void wgmma_ss_mn_first(float (&d)[N / 2], uint64_t a_
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 
-// D += A·B, m64nNk16: A K-major and B MN-major in shared memory. The fused dQ's dK = dSᵀ Q, with dSᵀ
-// read from the tile dQ reads (its registers are free while dK, dV and a dQ part are in flight).
+// D += A·B, m64nNk16: A K-major and B MN-major in shared memory. The fused dQ's dK = dSᵀ Q, with
+// dSᵀ read from the tile dQ reads (its registers are then free while dK, dV and dQ are in flight).
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_bmn(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 
@@ -292,7 +292,7 @@ __device__ __forceinline__ void wgmma_ss_first<F16, 64>(float (&d)[32], uint64_t
       : "l"(a_desc), "l"(b_desc), "r"(0));
 }
 
-// wgmma_ss_mn: N = 8 (rowsum(dS), dS against a tile of ones) and 64 (dQ, 64 columns of D at a time).
+// wgmma_ss_mn: N = 8 (rowsum(dS), dS against a tile of ones) and 64 (dQ, 64 columns of D a time).
 template <>
 __device__ __forceinline__ void wgmma_ss_mn_first<Bf16, 8>(float (&d)[4], uint64_t a_desc,
                                                           uint64_t b_desc) {

@@ -59,8 +59,8 @@ QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, 
   }
   if (backward) b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.Sq));
   if (fuse_dq)
-    b.dq_accumulator =
-        c.take<float>(static_cast<size_t>(kern::sm90_dq_accumulator_bytes(p.B, p.Hq, p.Sq, p.D) / 4));
+    b.dq_accumulator = c.take<float>(
+        static_cast<size_t>(kern::sm90_dq_accumulator_bytes(p.B, p.Hq, p.Sq, p.D) / 4));
   return b;
 }
 

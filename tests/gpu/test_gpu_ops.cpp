@@ -603,7 +603,7 @@ TEST_CASE("GPU results against FastVideo's golden outputs") {
   }
 }
 
-TEST_CASE("GPU QAT backward workspace: the fused dQ's fp32 accumulator on handles that are not deterministic") {
+TEST_CASE("GPU QAT backward workspace holds the fused dQ's accumulator on fast handles") {
   // On sm_90 with the native kernels, QAT at D = 128 on a handle that is not deterministic reduces
   // dQ into an fp32 accumulator in the workspace: 4 (D + 1) bytes per head and query row, rows
   // rounded up to 64. Deterministic handles (and every other device or kernel set) need none.
