@@ -143,13 +143,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     }
     mbar_fence_init();
   }
-  if (kFuseDq && threadIdx.x < 128) {  // the ones tile: 16 bytes per thread, read by wgmma
-    const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
-                 ::"r"(base + L::kOnes + 16 * threadIdx.x), "r"(one2)
-                 : "memory");
-    fence_proxy_async();
-  }
+  if (kFuseDq) fill_ones_tile<T>(base + L::kOnes);
   __syncthreads();
 
   if (warpgroup == 0) {

@@ -98,13 +98,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   const Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
 
   if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
-  if (threadIdx.x < 128) {  // the ones tile: 16 bytes per thread, read by wgmma (async proxy)
-    const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
-                 ::"r"(ring.ones_tile() + 16 * threadIdx.x), "r"(one2)
-                 : "memory");
-    fence_proxy_async();
-  }
+  fill_ones_tile<T>(ring.ones_tile());
   __syncthreads();
 
   if (warpgroup == 0) {

@@ -19,6 +19,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/device_primitives.cuh"
 
 namespace fva::dev::sm90 {
@@ -447,6 +449,20 @@ __device__ __forceinline__ void wgmma_rs_tile_complete(float (&acc)[D / 2], uint
   wgmma_wait<0>();
   fence_registers(acc);
   keep_operands_alive(a);
+}
+
+// A 2048-byte tile of 16-bit ones (T's 1.0) at `tile`, written by threads 0..127 (16 bytes each;
+// the others do nothing) and fenced for the tensor cores, which read it as the B operand of row
+// sums (the QAT forward's l = P·ones, the fused backward's rowsum(dS) = dS·ones). The caller's
+// next block-wide barrier makes it complete.
+template <typename T>
+__device__ __forceinline__ void fill_ones_tile(uint32_t tile) {
+  if (threadIdx.x >= 128) return;
+  const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
+               ::"r"(tile + 16 * threadIdx.x), "r"(one2)
+               : "memory");
+  fence_proxy_async();
 }
 
 // The 128 threads of one consumer warpgroup meet (named barrier 1; a kernel whose blocks hold
