@@ -3,8 +3,11 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 namespace fvattn_jax {
 
@@ -16,6 +19,14 @@ fva_handle_t create(int32_t backend, int32_t device, ffi::Error* err) {
   fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
   opts.backend = backend;
   opts.device = device;
+  // FVATTN_DETERMINISTIC=1: deterministic handles (the Python package reads it the same way).
+  const char* det = std::getenv("FVATTN_DETERMINISTIC");
+  if (det != nullptr && std::strcmp(det, "0") != 0 && std::strcmp(det, "1") != 0) {
+    *err = ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      std::string("FVATTN_DETERMINISTIC='") + det + "': expected '0' or '1'");
+    return nullptr;
+  }
+  opts.deterministic = det != nullptr && std::strcmp(det, "1") == 0 ? 1 : 0;
   fva_handle_t h = nullptr;
   const fva_status_t st = fva_create(&h, &opts);
   if (st != FVA_OK) *err = status_error(st);

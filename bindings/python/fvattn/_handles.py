@@ -1,7 +1,9 @@
 """One library handle per backend and device, created on first use and kept for the process (a
 handle may be shared by threads, fvattn.h says, and creating one queries the device).
-FVATTN_KERNELS=portable in the environment (read when a handle is created) pins the CUDA handles to
-the portable kernels (FVA_KERNELS_PORTABLE); the default lets the library pick (FVA_KERNELS_AUTO)."""
+Read from the environment when a handle is created: FVATTN_KERNELS=portable pins the CUDA handles to
+the portable kernels (FVA_KERNELS_PORTABLE; the default, auto, lets the library pick);
+FVATTN_DETERMINISTIC=1 makes the handles deterministic (bitwise reproducible results; the default,
+0, lets the QAT backward on an H100/H200 sum dQ with atomics, which is faster)."""
 import ctypes
 import os
 import threading
@@ -19,6 +21,13 @@ def _kernels():
     return _capi.KERNELS_PORTABLE if choice == "portable" else _capi.KERNELS_AUTO
 
 
+def _deterministic():
+    choice = os.environ.get("FVATTN_DETERMINISTIC", "0")
+    if choice not in ("0", "1"):
+        raise ValueError(f"FVATTN_DETERMINISTIC={choice!r}: expected '0' or '1'")
+    return int(choice)
+
+
 def get(backend, device=-1):
     """The handle for ("cpu", -1) or ("cuda", ordinal); raises fvattn.Error (e.g.
     FVA_ERR_NO_DEVICE with the reason) when it cannot be created."""
@@ -29,7 +38,8 @@ def get(backend, device=-1):
             lib = _capi.lib()
             opts = _capi.HandleOptions(struct_size=ctypes.sizeof(_capi.HandleOptions),
                                        backend=_capi.BACKEND_CPU if backend == "cpu" else _capi.BACKEND_CUDA,
-                                       device=device, deterministic=0, kernels=_kernels())
+                                       device=device, deterministic=_deterministic(),
+                                       kernels=_kernels())
             out = ctypes.c_void_p()
             _capi.check(lib.fva_create(ctypes.byref(out), ctypes.byref(opts)))
             h = _handles[key] = out

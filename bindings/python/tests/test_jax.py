@@ -190,3 +190,23 @@ def test_jitted_training_step_lowers_the_loss():
     assert all(np.isfinite(losses))
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_deterministic_handles_from_the_environment():
+    # The XLA FFI handlers create their own handles: FVATTN_DETERMINISTIC reaches them too, and a
+    # value other than 0 or 1 fails the call, naming the variable.
+    import os
+    import subprocess
+    import sys
+    code = ("import jax.numpy as jnp, fvattn.jax as fj\n"
+            "q = jnp.ones((1, 1, 64, 64), jnp.bfloat16)\n"
+            "try:\n    print(float(fj.qat_attention(q, q, q).astype(jnp.float32).sum()))\n"
+            "except Exception as e:\n    print(e)\n")
+    out = {}
+    for value in ("0", "1", "yes"):
+        r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FVATTN_DETERMINISTIC=value),
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        out[value] = r.stdout.strip()
+    assert "FVATTN_DETERMINISTIC='yes': expected '0' or '1'" in out["yes"], out["yes"]
+    assert np.isfinite(float(out["0"])) and out["0"] == out["1"], out  # the CPU backend: the same

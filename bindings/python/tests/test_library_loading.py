@@ -38,6 +38,19 @@ def test_loader_path_is_the_last_resort():
     assert r.stdout.strip() == "libfvattn.so.1"
 
 
+def test_handle_options_from_the_environment():
+    keep = {"FVATTN_LIBRARY": os.environ["FVATTN_LIBRARY"]}
+    for var, value in (("FVATTN_KERNELS", "fast"), ("FVATTN_DETERMINISTIC", "yes")):
+        code = "import fvattn\ntry:\n    fvattn.info()\nexcept ValueError as e:\n    print(e)\n"
+        r = run_python(code, dict(keep, **{var: value}))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(f"{var}={value!r}: expected"), r.stdout
+    for value in ("0", "1"):
+        r = run_python("import fvattn; print(fvattn.info()['backend'])",
+                       dict(keep, FVATTN_DETERMINISTIC=value, FVATTN_KERNELS="portable"))
+        assert r.returncode == 0 and r.stdout.strip() == "cpu", r.stderr
+
+
 def test_import_needs_no_library():
     r = run_python("import fvattn; print(fvattn.QatConfig().p_scale)", {"FVATTN_LIBRARY": "/nonexistent"})
     assert r.returncode == 0 and r.stdout.strip() == "block", r.stderr
