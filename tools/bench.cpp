@@ -212,6 +212,7 @@ bool parse_list(const std::string& s, std::vector<int64_t>* out) {
 int cmd_bench(int argc, char** argv) {
   BenchOptions o;
   std::string kernels = "auto";
+  int32_t deterministic = 0;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -226,9 +227,11 @@ int cmd_bench(int argc, char** argv) {
       fmt::print(
           "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
           "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
-          "                    [--kernels auto|portable|both]\n"
+          "                    [--kernels auto|portable|both] [--deterministic]\n"
           "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
-          "             portable kernels' rows marked '/portable'\n");
+          "             portable kernels' rows marked '/portable'\n"
+          "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
+          "             runs its dQ kernel instead of dQ fused into dK/dV)\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -243,6 +246,8 @@ int cmd_bench(int argc, char** argv) {
       o.json_path = next();
     } else if (a == "--no-sdpa") {
       o.sdpa = false;
+    } else if (a == "--deterministic") {
+      deterministic = 1;
     } else if (a == "--kernels") {
       kernels = next();
       if (kernels != "auto" && kernels != "portable" && kernels != "both") {
@@ -272,6 +277,7 @@ int cmd_bench(int argc, char** argv) {
     fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
     opts.backend = FVA_BACKEND_CUDA;
     opts.kernels = choice;
+    opts.deterministic = deterministic;
     fva_check(fva_create(&h, &opts), "fva_create(CUDA)");
     fva_check(fva_get_info(h, &info), "fva_get_info");
     std::mt19937_64 rng(12345);
@@ -287,8 +293,10 @@ int cmd_bench(int argc, char** argv) {
     res.insert(res.end(), s.begin(), s.end());
   }
 
-  fmt::print("fvattn bench on {} (sm_{}{}, image {}), B={} H={} D={}, bf16, median of {} (warm-up {})\n",
-             info.device_name, info.sm_major, info.sm_minor, info.image, o.B, o.H, o.D, o.iters, o.warmup);
+  fmt::print("fvattn bench on {} (sm_{}{}, image {}), B={} H={} D={}, bf16, median of {} (warm-up {}), "
+             "{} handles\n",
+             info.device_name, info.sm_major, info.sm_minor, info.image, o.B, o.H, o.D, o.iters,
+             o.warmup, deterministic ? "deterministic" : "default (not deterministic)");
   fmt::print("{:<22} {:>7} {:>10} {:>9}  {}\n", "op", "S", "ms", "TFLOPS", "note");
   for (const Result& r : res) {
     std::string note;
@@ -302,8 +310,8 @@ int cmd_bench(int argc, char** argv) {
       fmt::print(stderr, "fvattn bench: cannot write {}\n", o.json_path);
       return 1;
     }
-    fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"results\": [\n",
-               info.device_name, info.image, o.B, o.H, o.D, o.iters);
+    fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, \"results\": [\n",
+               info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic);
     for (size_t i = 0; i < res.size(); ++i)
       fmt::print(f, "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}}}{}\n",
                  res[i].op, res[i].S, res[i].ms, res[i].tflops, res[i].tflops_extra, i + 1 < res.size() ? "," : "");
