@@ -148,9 +148,13 @@ constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
          8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
 }
 
-// The fused backward's fp32 dQ accumulator and rowsum(dS), in bytes (dq_accum, then ds_rowsum).
+// The fused backward's accumulator rows: every (b, q head)'s query rows, rounded up to 64.
+constexpr int64_t sm90_dq_accumulator_rows(int64_t B, int64_t Hq, int64_t Sq) {
+  return B * Hq * ((Sq + 63) / 64) * 64;
+}
+// Its fp32 dQ accumulator and rowsum(dS), in bytes: dq_accum (D floats a row), then ds_rowsum (one).
 constexpr int64_t sm90_dq_accumulator_bytes(int64_t B, int64_t Hq, int64_t Sq, int64_t D) {
-  return B * Hq * ((Sq + 63) / 64) * 64 * (D + 1) * 4;
+  return sm90_dq_accumulator_rows(B, Hq, Sq) * (D + 1) * 4;
 }
 
 }  // namespace fva::kern

@@ -155,7 +155,7 @@ void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
   const kern::AttentionParams& a = params.a;
   // dq_accum, then ds_rowsum; one memset zeroes both.
   params.dq_accum = accumulator;
-  params.ds_rowsum = accumulator + static_cast<int64_t>(a.B) * a.Hq * params.q_tiles * 64 * D;
+  params.ds_rowsum = accumulator + kern::sm90_dq_accumulator_rows(a.B, a.Hq, a.Sq) * D;
   const Api& api = *cuda::api();
   const int64_t words = kern::sm90_dq_accumulator_bytes(a.B, a.Hq, a.Sq, D) / 4;
   const CUresult r = api.cuMemsetD32Async(reinterpret_cast<unsigned long long>(accumulator), 0,
