@@ -95,7 +95,7 @@ size_t forward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
 size_t backward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::vsa_backward_workspace(p);
   cuda::require_vsa_support(p, p.dtype);
-  return cuda::vsa_backward_workspace(p);
+  return cuda::vsa_backward_workspace(h, p);
 }
 
 size_t invert_workspace(const fva_handle& h, const cpu::VsaIndexProblem& p) {

@@ -29,8 +29,9 @@ struct VsaLists {
   int64_t block_sizes_stride;
   int32_t num_q_blocks, num_kv_blocks, max_k;
   // The backward's inverse (built in the workspace by vsa_build_inverse): for unit (b, hq), kv block
-  // kv's q blocks are entries[unit * entries_per_unit + offsets[unit * (nkv + 1) + kv] ...
-  // + offsets[... + kv + 1]), ascending.
+  // kv's q2k entries are entries[unit * entries_per_unit + offsets[unit * (nkv + 1) + kv] ...
+  // + offsets[... + kv + 1]), ascending, each encoded as qb * max_k + slot (the q block and the
+  // entry's place in its q2k list: where the pair's stored dS tile goes).
   const int32_t* inv_offsets;
   const int32_t* inv_entries;
   int64_t inv_entries_per_unit;
@@ -78,6 +79,13 @@ struct Sm90BackwardParams {
   float* dq_accum;   // [B, Hq, q_tiles, 64 x D] fp32, zeroed before the kernel
   float* ds_rowsum;  // [B, Hq, q_tiles, 64] fp32, zeroed before the kernel
   int32_t q_tiles;   // ceil(Sq / 64)
+  // VSA with stored dS (attention_dq_from_ds_sm90.cuh): the dK/dV kernel writes every listed pair's
+  // dS tile here (sm90_ds_tile_bytes each, wgmma fragment order) and the dQ kernel reads them back.
+  // A launch covers the (b, kv head) units [kv_unit0, kv_unit0 + gridDim.y) and their q heads; the
+  // tile of q unit u (= b Hq + h), q block qb and q2k slot i is tile
+  // ((u - kv_unit0 Hq / Hkv) num_q_blocks + qb) max_k + i.
+  void* ds_tiles;
+  int32_t kv_unit0;
 };
 
 // NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
@@ -146,6 +154,13 @@ constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
   return (2 * (fuse_dq ? 2 : 1) + 2 * stages) * 64 * D * 2 +
          (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * 2 * 64 * 4 +
          8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
+}
+
+// VSA's stored dS: one 64 x 64 16-bit tile per (q unit, q block, q2k slot), and the dQ kernel that
+// reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full barrier each.
+constexpr int64_t sm90_ds_tile_bytes = 64 * 64 * 2;
+constexpr int sm90_dq_from_ds_smem_bytes(int D, int stages) {
+  return stages * (64 * D * 2 + static_cast<int>(sm90_ds_tile_bytes)) + 8 * stages;
 }
 
 // The fused backward's accumulator rows: every (b, q head)'s query rows, rounded up to 64.

@@ -88,7 +88,18 @@ struct QueryTiles64 {
   }
 };
 
-template <typename T, int D, typename Schedule, bool kQuantizeP, int kStages, bool kFuseDq>
+// Where a pair's dSᵀ goes with kStoreDs: its tile's 4096 elements as this warpgroup holds them, 16
+// bytes per thread and k16 step (a_ds[step]), warp w's step s at uint4 (4 w + s) 32 + lane, so
+// each store of a warp writes 512 contiguous bytes. attention_dq_from_ds_sm90.cuh reads them back.
+__device__ __forceinline__ void store_ds_tile(uint4* tile, const uint32_t (&a)[4][4], int warp,
+                                              int lane) {
+#pragma unroll
+  for (int step = 0; step < 4; ++step)
+    tile[(4 * warp + step) * 32 + lane] = make_uint4(a[step][0], a[step][1], a[step][2], a[step][3]);
+}
+
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kStages, bool kFuseDq,
+          bool kStoreDs = false>
 __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90BackwardParams& P,
                                                              char* smem) {
   using L = BackwardLayout<D, kStages, kFuseDq>;
@@ -98,6 +109,9 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // padding rows would need zeroing, which runs on one warpgroup's barrier).
   static_assert(!kFuseDq || (D == 128 && Schedule::kMayQuantizeP),
                 "the fused dQ kernel covers QAT at D = 128");
+  // kStoreDs (VSA): every pair's dS tile goes to P.ds_tiles for the dQ kernel, which then needs
+  // no S and dP of its own (attention_dq_from_ds_sm90.cuh).
+  static_assert(!kStoreDs || (!kFuseDq && !Schedule::kMayQuantizeP), "stored dS is VSA's");
   using E = typename T::Storage;
   const kern::AttentionParams& p = P.a;
 
@@ -117,7 +131,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   auto do_tile = [&](int s) { return base + L::kQ + (2 * s + 1) * L::kTileBytes; };
 
   const int warpgroup = threadIdx.x / 128;
-  const int bh = blockIdx.y;
+  const int bh = blockIdx.y + (kStoreDs ? P.kv_unit0 : 0);  // stored dS: a chunk of the units
   const int b = bh / p.Hkv, hk = bh % p.Hkv;
   const int k0 = blockIdx.x * 64 * kConsumers;  // the block's first key
   const Schedule sched(p, b, hk, k0);             // the query tiles the block walks
@@ -402,6 +416,15 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
       ++done;
     } else {
       issue_dv_dk();
+      if constexpr (kStoreDs) {
+        // The pair's dSᵀ to its tile (chunk-local q unit, q block, q2k slot), under dV and dK.
+        const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
+                             static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
+        const int64_t index =
+            (unit * p.vsa.num_q_blocks + c.row0 / 64) * p.vsa.max_k + c.slot;
+        store_ds_tile(static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16),
+                      a_ds, warp, lane);
+      }
     }
     // dV and dK stay in flight under the next tile's Sᵀ; the stage they read is released after
     // the wait that covers them (the next tile's, or the one below). Fused: they are done.

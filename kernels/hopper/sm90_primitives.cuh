@@ -90,6 +90,15 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tensor_map
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) of contiguous global memory
+// into shared memory; the bytes complete a transaction on `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map))
                : "memory");
@@ -463,6 +472,14 @@ __device__ __forceinline__ void fill_ones_tile(uint32_t tile) {
                ::"r"(tile + 16 * threadIdx.x), "r"(one2)
                : "memory");
   fence_proxy_async();
+}
+
+// The transpose of the 8 x 8 16-bit matrix a warp holds one register per lane (lane 4g + t: row g,
+// columns 2t, 2t + 1), in the same layout.
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // The 128 threads of one consumer warpgroup meet (named barrier 1; a kernel whose blocks hold

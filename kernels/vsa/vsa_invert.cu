@@ -2,13 +2,14 @@
 //   1. zero the per-(unit, kv block) counts;                       (unit = (b, q head))
 //   2. count the usable entries of every list (atomics on counts: the totals do not depend on order);
 //   3. exclusive prefix sums per unit -> offsets, and a fill cursor;
-//   4. scatter the q block of each entry to its kv block's segment of a scratch copy (atomic
-//      cursor: any order);
+//   4. scatter each entry, encoded as qb * max_k + slot (its q block and its place in that q
+//      block's list), to its kv block's segment of a scratch copy (atomic cursor: any order);
 //   5. sort each segment into place ascending, one warp per segment (every element's rank counted
 //      against the whole segment), which makes the result independent of the scatter's order.
-// The backward reads segments (duplicates kept, one term per listed entry, like the CPU
-// reference); fva_vsa_invert_indices additionally runs
-//   6. emit: each segment without duplicates into k2q_idx (padded with -1) and k2q_num.
+// Sorted by the encoding, a segment lists its q blocks ascending, duplicates kept (one term per
+// listed entry, like the CPU reference), each beside the list slot where the sm_90 backward stores
+// the pair's dS tile. fva_vsa_invert_indices additionally runs
+//   6. emit: each segment's q blocks without duplicates into k2q_idx (padded with -1) and k2q_num.
 #include "common/kernel_params.h"
 #include "vsa/vsa_schedules.cuh"
 
@@ -31,13 +32,13 @@ extern "C" __global__ void fva_vsa_invert_zero(const InvertParams p) {
 
 // One thread per (unit, q block, list slot).
 __device__ __forceinline__ bool entry_at(const InvertParams& p, int64_t i, int64_t& unit, int& qb,
-                                         int& kv) {
+                                         int& kv, int& slot) {
   const fva::kern::VsaLists& v = p.lists;
   const int64_t per_unit = static_cast<int64_t>(v.num_q_blocks) * v.max_k;
   if (i >= units(p) * per_unit) return false;
   unit = i / per_unit;
   qb = static_cast<int>((i % per_unit) / v.max_k);
-  const int slot = static_cast<int>(i % v.max_k);
+  slot = static_cast<int>(i % v.max_k);
   const int b = static_cast<int>(unit / p.H), h = static_cast<int>(unit % p.H);
   const int n = v.q2k_num[b * v.num_stride_b + h * v.num_stride_h + qb * v.num_stride_qb];
   if (slot >= min(max(n, 0), v.max_k)) return false;
@@ -49,9 +50,9 @@ __device__ __forceinline__ bool entry_at(const InvertParams& p, int64_t i, int64
 
 extern "C" __global__ void fva_vsa_invert_count(const InvertParams p) {
   int64_t unit;
-  int qb, kv;
+  int qb, kv, slot;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (entry_at(p, i, unit, qb, kv)) atomicAdd(&p.counts[unit * p.lists.num_kv_blocks + kv], 1);
+  if (entry_at(p, i, unit, qb, kv, slot)) atomicAdd(&p.counts[unit * p.lists.num_kv_blocks + kv], 1);
 }
 
 // One warp per unit: an exclusive scan of the unit's kv-block counts, 32 at a time (a running
@@ -83,12 +84,12 @@ extern "C" __global__ void fva_vsa_invert_scan(const InvertParams p) {
 
 extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
   int64_t unit;
-  int qb, kv;
+  int qb, kv, slot;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (!entry_at(p, i, unit, qb, kv)) return;
+  if (!entry_at(p, i, unit, qb, kv, slot)) return;
   const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
   const int pos = atomicAdd(&p.cursor[unit * p.lists.num_kv_blocks + kv], 1);
-  p.scattered[unit * per_unit + pos] = qb;
+  p.scattered[unit * per_unit + pos] = qb * p.lists.max_k + slot;  // < 2^30 (require_index_size)
 }
 
 // One warp per (unit, kv block): an element's place in the sorted segment is the number of elements
@@ -132,8 +133,10 @@ extern "C" __global__ void fva_vsa_invert_emit(const InvertParams p) {
   const int n = off[kv + 1] - off[kv];
   int32_t* out = p.k2q_idx + b * p.k2q_stride_b + h * p.k2q_stride_h + kv * p.k2q_stride_kv;
   int written = 0;
-  for (int a = 0; a < n; ++a)
-    if (written == 0 || out[written - 1] != seg[a]) out[written++] = seg[a];
+  for (int a = 0; a < n; ++a) {
+    const int32_t qb = seg[a] / p.lists.max_k;  // the encoding's q block
+    if (written == 0 || out[written - 1] != qb) out[written++] = qb;
+  }
   for (int a = written; a < nqb; ++a) out[a] = -1;
   p.k2q_num[b * p.k2q_num_stride_b + h * p.k2q_num_stride_h + kv * p.k2q_num_stride_kv] = written;
 }

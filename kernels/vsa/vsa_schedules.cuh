@@ -5,7 +5,8 @@
 //   - VsaKeyTiles (forward, dQ): a q block's listed kv blocks in list order; keys at slots past
 //     the block's size are masked to -inf.
 //   - VsaQueryTiles (dK/dV): for a kv block, the q blocks of the inverse lists built in the
-//     workspace (ascending), each as two 32-row tiles, q heads of the GQA group in order.
+//     workspace (ascending), each as two 32-row tiles, q heads of the GQA group in order, with the
+//     q2k slot that listed the pair (the sm_90 backward stores the pair's dS tile by it).
 #pragma once
 
 #include <math_constants.h>
@@ -58,6 +59,7 @@ struct VsaQueryTiles {
   static constexpr bool kMayQuantizeP = false;
   struct Cursor {
     int head = -1, row0 = 0, entry = 0, half = 0;
+    int slot = 0;  // the entry's place in its q block's q2k list
     __device__ __forceinline__ bool valid() const { return head >= 0; }
   };
   const kern::VsaLists& v;
@@ -88,7 +90,10 @@ struct VsaQueryTiles {
         c.head = head;
         c.entry = entry;
         c.half = half;
-        c.row0 = v.inv_entries[u * v.inv_entries_per_unit + entry] * 64 + 32 * half;
+        const int32_t code = v.inv_entries[u * v.inv_entries_per_unit + entry];  // qb max_k + slot
+        const int qb = code / v.max_k;
+        c.slot = code - qb * v.max_k;
+        c.row0 = qb * 64 + 32 * half;
         return c;
       }
     }

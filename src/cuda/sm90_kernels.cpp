@@ -20,6 +20,7 @@ constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out o
 // one warpgroup per block, no ring.
 constexpr int kQatConsumers = 2, kQatStages = 4;
 constexpr int kDkdvStages = 2;  // dK/dV, QAT and VSA: two blocks per SM
+constexpr int kDsStages = 3;    // VSA's dQ from stored dS: three blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -100,6 +101,8 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
   if (api == nullptr) return false;
   params->a = a;
   params->dq_accum = params->ds_rowsum = nullptr;  // sm90_fused_backward_launch sets them
+  params->ds_tiles = nullptr;                      // the stored-dS backward sets them
+  params->kv_unit0 = 0;
   params->q_tiles = static_cast<int32_t>(blocks_for(a.Sq, 64));
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
@@ -147,6 +150,33 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
 
 bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D) {
   return kind == Sm90Kind::kQat && D == 128 && !h.deterministic && native_api(h, D) != nullptr;
+}
+
+bool sm90_stores_ds(const fva_handle& h, Sm90Kind kind, int64_t D) {
+  return kind == Sm90Kind::kVsa && native_api(h, D) != nullptr;
+}
+
+void sm90_stored_ds_backward_launch(const fva_handle& h, const kern::Sm90BackwardParams& params,
+                                    int64_t D, int32_t dtype, int64_t kv_units, void* stream) {
+  const kern::AttentionParams& a = params.a;
+  const char* sfx = dtype_suffix(dtype);
+  // dK/dV (attention_backward_sm90.cuh, kStoreDs): a producer and a consumer warpgroup per kv
+  // block of the chunk's units, two blocks per SM.
+  Launch l;
+  l.grid_x = blocks_for(a.Skv, 64);
+  l.grid_y = static_cast<unsigned>(kv_units);
+  l.block = 256;
+  l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, false));
+  launch("sm90", fmt::format("fva_sm90_vsa_bwd_dkdvs_{}_d{}", sfx, D).c_str(), h.device, l, stream,
+         params);
+  // dQ from the stored tiles (attention_dq_from_ds_sm90.cuh): a warpgroup per q block of the
+  // chunk's q heads, kDsStages ring stages, three blocks per SM.
+  l.grid_x = blocks_for(a.Sq, 64);
+  l.grid_y = static_cast<unsigned>(kv_units * (a.Hq / a.Hkv));
+  l.block = 128;
+  l.smem = static_cast<size_t>(kern::sm90_dq_from_ds_smem_bytes(static_cast<int>(D), kDsStages));
+  launch("sm90", fmt::format("fva_sm90_vsa_bwd_dqs_{}_d{}", sfx, D).c_str(), h.device, l, stream,
+         params);
 }
 
 void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,

@@ -45,9 +45,19 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
 // an order that varies run to run) instead of running the dQ kernel: QAT at D = 128 on handles that
 // are not deterministic, when the native kernels may run. The backward then needs
 // kern::sm90_dq_accumulator_bytes of workspace more (its size query asks here too). (VSA keeps the
-// dQ kernel: its kv blocks have lists of their own, so a block cannot pair two of them, and with
-// one 64-key tile per block the reductions cost more than the dQ kernel: docs/perf.md.)
+// stored-dS backward below: its kv blocks have lists of their own, so a block cannot pair two of
+// them, and with one 64-key tile per block the reductions cost more than they save: docs/perf.md.)
 bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D);
+// Whether VSA's backward on `h` stores dS: its sm_90a dK/dV kernel writes every listed pair's dS
+// tile to the workspace and a dQ kernel sums dS K from them (attention_dq_from_ds_sm90.cuh),
+// instead of the dQ kernel that recomputes S and dP. Bitwise reproducible like the other; the
+// backward needs the tiles' workspace (its size query asks here too).
+bool sm90_stores_ds(const fva_handle& h, Sm90Kind kind, int64_t D);
+// One chunk of that backward, prepared above, with params.ds_tiles set: dK/dV of the (b, kv head)
+// units [params.kv_unit0, + kv_units), storing their pairs' dS tiles, then dQ of their q heads.
+void sm90_stored_ds_backward_launch(const fva_handle& h, const kern::Sm90BackwardParams& params,
+                                    int64_t D, int32_t dtype, int64_t kv_units, void* stream);
+
 // The fused backward, prepared above, with `accumulator` (sm90_dq_accumulator_bytes of workspace):
 // zeroes it, runs dK/dV with dQ into it, converts it into a.dq.
 void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,

@@ -385,7 +385,7 @@ void check_vsa_case(const VsaCase& c) {
                                 in.dout.t(), in.idx.t(), in.num.t(), in.sizes.t(), dq_r.t(),
                                 dk_r.t(), dv_r.t(), ws.data(), bytes, nullptr));
   }
-  std::vector<uint16_t> first_dk;
+  std::vector<uint16_t> first_dq, first_dk;
   for (int run = 0; run < 2; ++run) {  // twice: VSA's backward is reproducible on every handle
     DeviceTensor q(in.q), k(in.k), v(in.v), o(o_ref), l(l_ref), dout(in.dout), idx(in.idx),
         num(in.num), sizes(in.sizes), dq(dq_g), dk(dk_g), dv(dv_g);
@@ -397,8 +397,13 @@ void check_vsa_case(const VsaCase& c) {
     dq.download(dq_g);
     dk.download(dk_g);
     dv.download(dv_g);
-    if (run == 0) first_dk = dk_g.bits16();
-    else CHECK_MESSAGE(first_dk == dk_g.bits16(), "VSA dK differs between two identical runs");
+    if (run == 0) {
+      first_dq = dq_g.bits16();
+      first_dk = dk_g.bits16();
+    } else {
+      CHECK_MESSAGE(first_dq == dq_g.bits16(), "VSA dQ differs between two identical runs");
+      CHECK_MESSAGE(first_dk == dk_g.bits16(), "VSA dK differs between two identical runs");
+    }
   }
   check_close("vsa dq", dq_g, dq_r, kTol);
   check_close("vsa dk", dk_g, dk_r, kTol);
@@ -480,6 +485,123 @@ TEST_CASE("GPU QAT attention at tile-multiple and long shapes") {
 TEST_CASE("GPU VSA matches the CPU backend (ragged blocks, junk metadata, GQA)") {
   for (int rep = 0; rep < (quick() ? 4 : 12); ++rep) {
     SUBCASE(("random #" + std::to_string(rep)).c_str()) { check_vsa_case(random_vsa_case()); }
+  }
+}
+
+namespace {
+
+// The VSA backward on a GPU handle (`cpu`: on the CPU backend), and the workspace it asked for.
+struct VsaGrads {
+  HostTensor dq, dk, dv;
+  size_t workspace = 0;
+};
+VsaGrads cpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTensor& o_ref,
+                          const HostTensor& l_ref) {
+  const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  VsaGrads r{HostTensor(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
+             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout),
+             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout)};
+  CpuHandle h;
+  REQUIRE_OK(fva_vsa_backward_workspace_size(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), &r.workspace));
+  AlignedBuffer ws = workspace(r.workspace);
+  REQUIRE_OK(fva_vsa_backward(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), o_ref.t(), l_ref.t(), in.dout.t(),
+                              in.idx.t(), in.num.t(), in.sizes.t(), r.dq.t(), r.dk.t(), r.dv.t(), ws.data(),
+                              r.workspace, nullptr));
+  return r;
+}
+VsaGrads gpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTensor& o_ref,
+                          const HostTensor& l_ref) {
+  const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  VsaGrads r{HostTensor(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
+             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout),
+             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout)};
+  HostTensor &dq_g = r.dq, &dk_g = r.dk, &dv_g = r.dv;
+  CudaHandle gpu;
+  DeviceTensor q(in.q), k(in.k), v(in.v), o(o_ref), l(l_ref), dout(in.dout), idx(in.idx), num(in.num),
+      sizes(in.sizes), dq(dq_g), dk(dk_g), dv(dv_g);
+  REQUIRE_OK(fva_vsa_backward_workspace_size(gpu.h, &cfg, q.t(), k.t(), v.t(), idx.t(), &r.workspace));
+  DeviceBuffer ws = device_workspace(r.workspace);
+  REQUIRE_OK(fva_vsa_backward(gpu.h, &cfg, q.t(), k.t(), v.t(), o.t(), l.t(), dout.t(), idx.t(), num.t(),
+                              sizes.t(), dq.t(), dk.t(), dv.t(), ws.data(), r.workspace, nullptr));
+  dq.download(dq_g);
+  dk.download(dk_g);
+  dv.download(dv_g);
+  return r;
+}
+
+// Sets an environment variable for a scope, restoring what was there.
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("GPU VSA backward: the stored dS in chunks gives the one-chunk result, bit for bit") {
+  // On sm_90a (native kernels) the backward stores every listed pair's dS tile (8 KiB) in the
+  // workspace, in chunks of (b, kv head) units that fit FVATTN_VSA_DS_BUDGET_MIB. Here each unit's
+  // tiles take exactly 1 MiB (2 q heads x 8 q blocks x 8 slots x 8 KiB), so a budget of 1 MiB runs
+  // the four units one by one, 2 MiB two by two, and the default all at once.
+  VsaCase c{2, 4, 2, 8, 8, 8, uniform(0, 1) ? 128 : 64, FVA_DTYPE_BF16, Layout::BHSD};
+  const VsaInputs in = make_vsa_inputs(c);
+  const int64_t Sq = 64 * c.nqb;
+  HostTensor o_ref(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout), l_ref(FVA_DTYPE_F32, {c.B, c.Hq, Sq});
+  {
+    CpuHandle h;
+    const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+    size_t bytes = 0;
+    REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), &bytes));
+    AlignedBuffer ws = workspace(bytes);
+    REQUIRE_OK(fva_vsa_forward(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), in.num.t(),
+                               in.sizes.t(), o_ref.t(), l_ref.t(), ws.data(), bytes, nullptr));
+  }
+  const VsaGrads whole = gpu_vsa_backward(c, in, o_ref, l_ref);
+  const VsaGrads ref = cpu_vsa_backward(c, in, o_ref, l_ref);
+  check_close("vsa dq", whole.dq, ref.dq, kTol);
+  check_close("vsa dk", whole.dk, ref.dk, kTol);
+  check_close("vsa dv", whole.dv, ref.dv, kTol);
+  CudaHandle probe;
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  REQUIRE_OK(fva_get_info(probe.h, &info));
+  const bool stores_ds = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  INFO("D " << c.D << ", image " << info.image);
+  for (const char* budget : {"1", "2"}) {
+    ScopedEnv env("FVATTN_VSA_DS_BUDGET_MIB", budget);
+    const VsaGrads chunked = gpu_vsa_backward(c, in, o_ref, l_ref);
+    CHECK_MESSAGE(chunked.dq.bits16() == whole.dq.bits16(), "dQ differs with a budget of " << budget << " MiB");
+    CHECK_MESSAGE(chunked.dk.bits16() == whole.dk.bits16(), "dK differs with a budget of " << budget << " MiB");
+    CHECK_MESSAGE(chunked.dv.bits16() == whole.dv.bits16(), "dV differs with a budget of " << budget << " MiB");
+    // The tiles' share of the workspace: 4, 2 or 1 MiB (the rest does not depend on the budget).
+    const size_t saved = (4 - static_cast<size_t>(std::stoi(budget))) << 20;
+    CHECK(whole.workspace - chunked.workspace == (stores_ds ? saved : 0));
+  }
+  // A budget that is not a whole positive number of MiB is refused, naming the variable.
+  for (const char* bad : {"0", "-5", "1.5", "lots"}) {
+    ScopedEnv env("FVATTN_VSA_DS_BUDGET_MIB", bad);
+    DeviceTensor q(in.q), k(in.k), v(in.v), idx(in.idx);
+    CudaHandle gpu;
+    const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+    size_t bytes = 0;
+    const fva_status_t st = fva_vsa_backward_workspace_size(gpu.h, &cfg, q.t(), k.t(), v.t(), idx.t(), &bytes);
+    if (stores_ds) {
+      CHECK(st == FVA_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(fva_last_error()).find("FVATTN_VSA_DS_BUDGET_MIB") != std::string::npos);
+    } else {
+      CHECK(st == FVA_OK);  // no stored dS: the variable plays no part
+    }
   }
 }
 

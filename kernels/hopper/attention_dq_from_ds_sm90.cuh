@@ -1,0 +1,132 @@
+// VSA's dQ on sm_90a from the dS tiles its dK/dV kernel stored (attention_backward_sm90.cuh,
+// kStoreDs): dQ = scale dS K, one product per (q block, listed kv block) pair instead of the three
+// of the recomputing dQ kernel (attention_dq_sm90.cuh: S, dP, then dS K).
+//
+// Why: VSA's dK/dV blocks own one 64-key block each, with a list of q blocks of its own, so dQ
+// cannot be reduced inside them without fp32 reductions of 32 KiB per pair through the L2, which
+// cost more than they save on the H200 (docs/perf.md, session 8). Storing the pair's dS instead
+// costs 8 KiB of plain, fully coalesced stores per pair, and dQ becomes a stream: per pair, a K
+// tile (from the L2: K is small) and a dS tile (from memory), and one 64 x D x 64 product. Every
+// q block still sums its pairs in list order in its own registers, so dQ stays bitwise
+// reproducible, with no atomics.
+//
+// The stored tile is dSᵀ as the dK/dV kernel's consumer warpgroup holds it (warp w: keys 16w ...
+// 16w + 15, the A fragments of dK = dSᵀ Q's four k16 steps), 512 contiguous bytes per warp and
+// step. Read back by warp w2 (query rows 16 w2 ...), the fragment of dK/dV warp s, step w2 holds
+// the 8 x 8 blocks (keys 16s + {0, 8}) x (queries 16 w2 + {0, 8}); transposed in registers
+// (movmatrix) they are the A fragment of dQ's k16 step s for this warp's rows.
+//
+// Shape: one warpgroup per 64-row q block (the compact kernels' shape), a kStages ring of (K tile,
+// dS tile) filled by thread 0 (TMA for K, a bulk copy for dS), three blocks per SM, so the SM's
+// tensor cores work on one block's product while the others' loads are in flight.
+#pragma once
+
+#include "common/kernel_params.h"
+#include "hopper/attention_dq_sm90.cuh"  // store_dq
+#include "hopper/query_stream_sm90.cuh"  // zero_tile_rows
+
+namespace fva::dev::sm90 {
+
+template <int D, int kStages>
+struct DsStreamLayout {
+  static constexpr int kRegionBytes = 64 * 128;
+  static constexpr int kRegions = D / 64;
+  static constexpr int kTileBytes = kRegions * kRegionBytes;  // K: 64 keys x D
+  static constexpr int kDsBytes = static_cast<int>(kern::sm90_ds_tile_bytes);
+  static constexpr int kStageBytes = kTileBytes + kDsBytes;  // a multiple of 1024: K stays aligned
+  static constexpr int kBarriers = kStages * kStageBytes;
+  static_assert(kern::sm90_dq_from_ds_smem_bytes(D, kStages) == kBarriers + 8 * kStages,
+                "host and device disagree on the shared-memory layout");
+
+  uint32_t base;  // 1024-byte aligned
+  __device__ __forceinline__ uint32_t k_tile(int s) const { return base + s * kStageBytes; }
+  __device__ __forceinline__ uint32_t ds_tile(int s) const {
+    return base + s * kStageBytes + kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t full(int s) const { return base + kBarriers + 8 * s; }
+};
+
+// This warp's A fragments of dQ's four k16 steps (keys 16 step ...) from a stored dS tile in
+// shared memory (see above): the fragment's blocks transposed, and its middle two swapped (the
+// stored a[1] is keys + 8, the A fragment's a[1] rows + 8).
+__device__ __forceinline__ void load_ds_fragments(uint32_t ds_tile, int warp, int lane,
+                                                  uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+    uint32_t f[4];
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                 : "r"(ds_tile + ((4 * step + warp) * 32 + lane) * 16)
+                 : "memory");
+    a[step][0] = transpose_8x8(f[0]);
+    a[step][1] = transpose_8x8(f[2]);
+    a[step][2] = transpose_8x8(f[1]);
+    a[step][3] = transpose_8x8(f[3]);
+  }
+}
+
+template <typename T, int D, typename Schedule, int kStages>
+__device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90BackwardParams& P,
+                                                          char* smem) {
+  using L = DsStreamLayout<D, kStages>;
+  const kern::AttentionParams& p = P.a;
+  const L ring{smem_addr(smem)};
+  if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int group = p.Hq / p.Hkv;
+  const int bh = P.kv_unit0 * group + blockIdx.y;  // the launch covers a chunk of q units
+  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
+  const int qb = blockIdx.x, row0 = 64 * qb;
+  const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
+  const Schedule sched(p, b, h, row0);
+  // The block's stored tiles: one per q2k slot.
+  const uint4* ds_tiles = static_cast<const uint4*>(P.ds_tiles) +
+                          (static_cast<int64_t>(blockIdx.y) * p.vsa.num_q_blocks + qb) *
+                              p.vsa.max_k * (L::kDsBytes / 16);
+
+  // Thread 0 loads the listed tiles in order, each into the stage its predecessor kStages back
+  // has freed.
+  int to_load = sched.first();
+  auto load = [&](int stage) {
+    mbar_arrive_expect_tx(ring.full(stage), L::kStageBytes);
+    for (int r = 0; r < L::kRegions; ++r)
+      tma_load_4d(ring.k_tile(stage) + r * L::kRegionBytes, &P.k, ring.full(stage), 64 * r,
+                  sched.key0(to_load), hk, b);
+    bulk_load(ring.ds_tile(stage), ds_tiles + static_cast<int64_t>(to_load) * (L::kDsBytes / 16),
+              L::kDsBytes, ring.full(stage));
+    to_load = sched.next(to_load);
+  };
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(ring.full(s), 1);
+    mbar_fence_init();
+    tma_prefetch_descriptor(&P.k);
+    for (int s = 0; s < kStages && to_load >= 0; ++s) load(s);
+  }
+  __syncthreads();
+
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
+  fence_registers(dq);  // distinct registers (see fence_registers)
+  uint32_t a_ds[4][4];
+  int n = 0;  // tiles consumed: tile n sits in stage n % kStages, its phase's parity (n / kStages) & 1
+  for (int tile = sched.first(); tile >= 0; tile = sched.next(tile), ++n) {
+    const int stage = n % kStages;
+    mbar_wait(ring.full(stage), (n / kStages) & 1);
+    load_ds_fragments(ring.ds_tile(stage), warp, lane, a_ds);
+    // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K (the caller's
+    // data) become zeros before the product reads them.
+    const int n_valid = sched.valid_keys(tile);
+    if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
+    wgmma_rs_tile_complete<T, D>(dq, a_ds, ring.k_tile(stage));
+    warpgroup_sync();  // every warp's product has read the stage
+    if (tid == 0 && to_load >= 0) load(stage);
+  }
+
+  const float no_rowsum[2] = {0.0f, 0.0f};  // QAT's smooth-K term: VSA has none (k_mean null)
+  store_dq<T, D>(p, b, h, row_base, t, dq, no_rowsum);
+}
+
+}  // namespace fva::dev::sm90
