@@ -30,11 +30,13 @@ struct VsaLists {
   int32_t num_q_blocks, num_kv_blocks, max_k;
   // The backward's inverse (built in the workspace by vsa_build_inverse): for unit (b, hq), kv block
   // kv's q2k entries are entries[unit * entries_per_unit + offsets[unit * (nkv + 1) + kv] ...
-  // + offsets[... + kv + 1]), ascending, each encoded as qb * max_k + slot (the q block and the
-  // entry's place in its q2k list: where the pair's stored dS tile goes).
+  // + offsets[... + kv + 1]), ascending, each encoded as qb << slot_bits | slot (the q block and
+  // the entry's place in its q2k list: where the pair's stored dS tile goes; a shift, not a product
+  // by max_k, so that decoding it costs two instructions, not a division, per tile).
   const int32_t* inv_offsets;
   const int32_t* inv_entries;
   int64_t inv_entries_per_unit;
+  int32_t slot_bits;  // the least k with 2^k >= max_k
 };
 
 // Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.

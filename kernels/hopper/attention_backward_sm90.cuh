@@ -420,8 +420,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
         // The pair's dSᵀ to its tile (chunk-local q unit, q block, q2k slot), under dV and dK.
         const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
                              static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
-        const int64_t index =
-            (unit * p.vsa.num_q_blocks + c.row0 / 64) * p.vsa.max_k + c.slot;
+        const int64_t index = (unit * p.vsa.num_q_blocks + (c.row0 >> 6)) * p.vsa.max_k + c.slot;
         store_ds_tile(static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16),
                       a_ds, warp, lane);
       }

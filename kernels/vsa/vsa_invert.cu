@@ -2,7 +2,7 @@
 //   1. zero the per-(unit, kv block) counts;                       (unit = (b, q head))
 //   2. count the usable entries of every list (atomics on counts: the totals do not depend on order);
 //   3. exclusive prefix sums per unit -> offsets, and a fill cursor;
-//   4. scatter each entry, encoded as qb * max_k + slot (its q block and its place in that q
+//   4. scatter each entry, encoded as qb << slot_bits | slot (its q block and its place in that q
 //      block's list), to its kv block's segment of a scratch copy (atomic cursor: any order);
 //   5. sort each segment into place ascending, one warp per segment (every element's rank counted
 //      against the whole segment), which makes the result independent of the scatter's order.
@@ -89,7 +89,8 @@ extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
   if (!entry_at(p, i, unit, qb, kv, slot)) return;
   const int64_t per_unit = static_cast<int64_t>(p.lists.num_q_blocks) * p.lists.max_k;
   const int pos = atomicAdd(&p.cursor[unit * p.lists.num_kv_blocks + kv], 1);
-  p.scattered[unit * per_unit + pos] = qb * p.lists.max_k + slot;  // < 2^30 (require_index_size)
+  // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
+  p.scattered[unit * per_unit + pos] = qb << p.lists.slot_bits | slot;
 }
 
 // One warp per (unit, kv block): an element's place in the sorted segment is the number of elements
@@ -134,7 +135,7 @@ extern "C" __global__ void fva_vsa_invert_emit(const InvertParams p) {
   int32_t* out = p.k2q_idx + b * p.k2q_stride_b + h * p.k2q_stride_h + kv * p.k2q_stride_kv;
   int written = 0;
   for (int a = 0; a < n; ++a) {
-    const int32_t qb = seg[a] / p.lists.max_k;  // the encoding's q block
+    const int32_t qb = seg[a] >> p.lists.slot_bits;  // the encoding's q block
     if (written == 0 || out[written - 1] != qb) out[written++] = qb;
   }
   for (int a = written; a < nqb; ++a) out[a] = -1;

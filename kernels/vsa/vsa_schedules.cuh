@@ -90,10 +90,9 @@ struct VsaQueryTiles {
         c.head = head;
         c.entry = entry;
         c.half = half;
-        const int32_t code = v.inv_entries[u * v.inv_entries_per_unit + entry];  // qb max_k + slot
-        const int qb = code / v.max_k;
-        c.slot = code - qb * v.max_k;
-        c.row0 = qb * 64 + 32 * half;
+        const int32_t code = v.inv_entries[u * v.inv_entries_per_unit + entry];
+        c.slot = code & ((1 << v.slot_bits) - 1);
+        c.row0 = (code >> v.slot_bits) * 64 + 32 * half;
         return c;
       }
     }

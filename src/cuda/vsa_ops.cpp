@@ -35,6 +35,7 @@ kern::VsaLists lists(const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
   l.num_q_blocks = static_cast<int32_t>(q2k_idx.shape[2]);
   l.num_kv_blocks = static_cast<int32_t>(num_kv_blocks);
   l.max_k = static_cast<int32_t>(q2k_idx.shape[3]);
+  while ((int64_t{1} << l.slot_bits) < l.max_k) ++l.slot_bits;  // the inverse's entry encoding
   return l;
 }
 
