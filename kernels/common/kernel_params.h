@@ -81,13 +81,13 @@ struct Sm90BackwardParams {
   float* dq_accum;   // [B, Hq, q_tiles, 64 x D] fp32, zeroed before the kernel
   float* ds_rowsum;  // [B, Hq, q_tiles, 64] fp32, zeroed before the kernel
   int32_t q_tiles;   // ceil(Sq / 64)
-  // VSA with stored dS (attention_dq_from_ds_sm90.cuh): the dK/dV kernel writes every listed pair's
+  // The stored-dS backward (attention_dq_from_ds_sm90.cuh): the dK/dV kernel writes every pair's
   // dS tile here (sm90_ds_tile_bytes each, wgmma fragment order) and the dQ kernel reads them back.
-  // A launch covers the (b, kv head) units [kv_unit0, kv_unit0 + gridDim.y) and their q heads; the
-  // tile of q unit u (= b Hq + h), q block qb and q2k slot i is tile
-  // ((u - kv_unit0 Hq / Hkv) num_q_blocks + qb) max_k + i.
+  // A launch covers the (b, kv head) units [kv_unit0, kv_unit0 + gridDim.y) and their q heads; q
+  // unit u (= b Hq + h) holds ds_q_tiles x ds_slots tiles (VSA: q blocks x q2k slots; QAT: query
+  // tiles x key tiles), from tile ((u - kv_unit0 Hq / Hkv) ds_q_tiles) ds_slots on.
   void* ds_tiles;
-  int32_t kv_unit0;
+  int32_t kv_unit0, ds_q_tiles, ds_slots;
 };
 
 // NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
@@ -158,8 +158,8 @@ constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
          8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
 }
 
-// VSA's stored dS: one 64 x 64 16-bit tile per (q unit, q block, q2k slot), and the dQ kernel that
-// reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full barrier each.
+// The stored dS: one 64 x 64 16-bit tile per (q unit, query tile, key tile or q2k slot), and the dQ
+// kernel that reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full barrier each.
 constexpr int64_t sm90_ds_tile_bytes = 64 * 64 * 2;
 constexpr int sm90_dq_from_ds_smem_bytes(int D, int stages) {
   return stages * (64 * D * 2 + static_cast<int>(sm90_ds_tile_bytes)) + 8 * stages;

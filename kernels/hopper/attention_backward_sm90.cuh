@@ -109,9 +109,9 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // padding rows would need zeroing, which runs on one warpgroup's barrier).
   static_assert(!kFuseDq || (D == 128 && Schedule::kMayQuantizeP),
                 "the fused dQ kernel covers QAT at D = 128");
-  // kStoreDs (VSA): every pair's dS tile goes to P.ds_tiles for the dQ kernel, which then needs
-  // no S and dP of its own (attention_dq_from_ds_sm90.cuh).
-  static_assert(!kStoreDs || (!kFuseDq && !Schedule::kMayQuantizeP), "stored dS is VSA's");
+  // kStoreDs: every pair's dS tile goes to P.ds_tiles for the dQ kernel, which then needs no S
+  // and dP of its own (attention_dq_from_ds_sm90.cuh).
+  static_assert(!kStoreDs || !kFuseDq, "dQ comes from stored dS or from the fused reductions");
   using E = typename T::Storage;
   const kern::AttentionParams& p = P.a;
 
@@ -417,10 +417,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     } else {
       issue_dv_dk();
       if constexpr (kStoreDs) {
-        // The pair's dSᵀ to its tile (chunk-local q unit, q block, q2k slot), under dV and dK.
+        // The pair's dSᵀ to its tile (chunk-local q unit, query tile, slot), under dV and dK.
         const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
                              static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
-        const int64_t index = (unit * p.vsa.num_q_blocks + (c.row0 >> 6)) * p.vsa.max_k + c.slot;
+        const int64_t index = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
         store_ds_tile(static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16),
                       a_ds, warp, lane);
       }

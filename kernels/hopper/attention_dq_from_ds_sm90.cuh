@@ -1,14 +1,16 @@
-// VSA's dQ on sm_90a from the dS tiles its dK/dV kernel stored (attention_backward_sm90.cuh,
-// kStoreDs): dQ = scale dS K, one product per (q block, listed kv block) pair instead of the three
-// of the recomputing dQ kernel (attention_dq_sm90.cuh: S, dP, then dS K).
+// dQ on sm_90a from the dS tiles the dK/dV kernel stored (attention_backward_sm90.cuh, kStoreDs),
+// for QAT attention and VSA: dQ = scale (dS K + rowsum(dS) mean(k)), one product per (query tile,
+// key tile) pair instead of the three of the recomputing dQ kernel (attention_dq_sm90.cuh: S, dP,
+// then dS K), and without the fused kernel's fp32 reductions (kFuseDq).
 //
-// Why: VSA's dK/dV blocks own one 64-key block each, with a list of q blocks of its own, so dQ
-// cannot be reduced inside them without fp32 reductions of 32 KiB per pair through the L2, which
-// cost more than they save on the H200 (docs/perf.md, session 8). Storing the pair's dS instead
-// costs 8 KiB of plain, fully coalesced stores per pair, and dQ becomes a stream: per pair, a K
-// tile (from the L2: K is small) and a dS tile (from memory), and one 64 x D x 64 product. Every
-// q block still sums its pairs in list order in its own registers, so dQ stays bitwise
-// reproducible, with no atomics.
+// Why: a dK/dV block owns one 64-key tile, which can only hand dQ its part through fp32
+// reductions of 32 KiB per pair in the L2, which cost more than they save on the H200 (docs/perf.md,
+// session 8; VSA's key blocks have lists of their own, so a block cannot even pair two). Storing
+// the pair's dS instead costs 8 KiB of plain, fully coalesced stores per pair, and dQ becomes a
+// stream: per pair, a K tile (from the L2: K is small) and a dS tile (from memory), and one
+// 64 x D x 64 product. Every query tile still sums its pairs in its schedule's order in its own
+// registers, so dQ stays bitwise reproducible, with no atomics. The price is workspace, 8 KiB per
+// pair, which the host bounds (sm90_ds_chunks: FVATTN_DS_BUDGET_MIB).
 //
 // The stored tile is dSᵀ as the dK/dV kernel's consumer warpgroup holds it (warp w: keys 16w ...
 // 16w + 15, the A fragments of dK = dSᵀ Q's four k16 steps), 512 contiguous bytes per warp and
@@ -16,7 +18,7 @@
 // the 8 x 8 blocks (keys 16s + {0, 8}) x (queries 16 w2 + {0, 8}); transposed in registers
 // (movmatrix) they are the A fragment of dQ's k16 step s for this warp's rows.
 //
-// Shape: one warpgroup per 64-row q block (the compact kernels' shape), a kStages ring of (K tile,
+// Shape: one warpgroup per 64-row query tile (the compact kernels' shape), a kStages ring of (K tile,
 // dS tile) filled by thread 0 (TMA for K, a bulk copy for dS), three blocks per SM, so the SM's
 // tensor cores work on one block's product while the others' loads are in flight.
 #pragma once
@@ -78,13 +80,14 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   const int group = p.Hq / p.Hkv;
   const int bh = P.kv_unit0 * group + blockIdx.y;  // the launch covers a chunk of q units
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
-  const int qb = blockIdx.x, row0 = 64 * qb;
+  const int qt = gridDim.x - 1 - blockIdx.x, row0 = 64 * qt;  // last first (causal: the longest)
   const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
   const Schedule sched(p, b, h, row0);
-  // The block's stored tiles: one per q2k slot.
-  const uint4* ds_tiles = static_cast<const uint4*>(P.ds_tiles) +
-                          (static_cast<int64_t>(blockIdx.y) * p.vsa.num_q_blocks + qb) *
-                              p.vsa.max_k * (L::kDsBytes / 16);
+  // The block's stored tiles: one per slot (the schedule's tile index: VSA's q2k slot, QAT's key
+  // tile).
+  const uint4* ds_tiles =
+      static_cast<const uint4*>(P.ds_tiles) +
+      (static_cast<int64_t>(blockIdx.y) * P.ds_q_tiles + qt) * P.ds_slots * (L::kDsBytes / 16);
 
   // Thread 0 loads the listed tiles in order, each into the stage its predecessor kStages back
   // has freed.
@@ -111,22 +114,32 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
   fence_registers(dq);  // distinct registers (see fence_registers)
   uint32_t a_ds[4][4];
+  float ds_sum[2] = {0.0f, 0.0f};  // rowsum(dS) of the thread's two rows (QAT smooth-K)
+  const bool row_sums = p.k_mean != nullptr;
   int n = 0;  // tiles consumed: tile n sits in stage n % kStages, its phase's parity (n / kStages) & 1
   for (int tile = sched.first(); tile >= 0; tile = sched.next(tile), ++n) {
     const int stage = n % kStages;
     mbar_wait(ring.full(stage), (n / kStages) & 1);
     load_ds_fragments(ring.ds_tile(stage), warp, lane, a_ds);
-    // dS is 0 at a ragged block's padding slots, but 0 * NaN is not: those rows of K (the caller's
-    // data) become zeros before the product reads them.
-    const int n_valid = sched.valid_keys(tile);
-    if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
+    if (row_sums) {  // registers 0 and 2 of a step: the thread's first row; 1 and 3: its second
+#pragma unroll
+      for (int step = 0; step < 4; ++step)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ds_sum[i & 1] += T::low(a_ds[step][i]) + T::high(a_ds[step][i]);
+    }
+    if constexpr (Schedule::kPaddedBlocks) {
+      // dS is 0 at a ragged VSA block's padding slots, but 0 * NaN is not: those rows of K (the
+      // caller's data) become zeros before the product reads them. (QAT's keys past Skv are
+      // outside the tensor: the TMA filled them with zeros.)
+      const int n_valid = sched.valid_keys(tile);
+      if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
+    }
     wgmma_rs_tile_complete<T, D>(dq, a_ds, ring.k_tile(stage));
     warpgroup_sync();  // every warp's product has read the stage
     if (tid == 0 && to_load >= 0) load(stage);
   }
 
-  const float no_rowsum[2] = {0.0f, 0.0f};  // QAT's smooth-K term: VSA has none (k_mean null)
-  store_dq<T, D>(p, b, h, row_base, t, dq, no_rowsum);
+  store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);
 }
 
 }  // namespace fva::dev::sm90

@@ -73,6 +73,9 @@ struct QatQueryTiles {
   __device__ __forceinline__ Cursor next(const Cursor& c) const { return at(c.index + 1); }
   __device__ __forceinline__ int valid_keys() const { return min(64, skv - k0); }
   __device__ __forceinline__ int output_rows() const { return valid_keys(); }
+  // Where the stored-dS backward keeps the pair's tile among its query tile's: the key tile, as
+  // QatKeyTiles numbers it (every pair a query tile's QatKeyTiles lists, this schedule visits).
+  __device__ __forceinline__ int ds_slot(const Cursor&) const { return k0 / 64; }
   __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
     return slot < n_valid && !(causal && key > row);
   }

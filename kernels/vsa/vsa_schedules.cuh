@@ -104,6 +104,8 @@ struct VsaQueryTiles {
   }
   __device__ __forceinline__ int valid_keys() const { return tokens; }
   __device__ __forceinline__ int output_rows() const { return 64; }
+  // Where the stored-dS backward keeps the pair's tile among its q block's: the q2k slot.
+  __device__ __forceinline__ int ds_slot(const Cursor& c) const { return c.slot; }
   __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
     return slot < n_valid;
   }

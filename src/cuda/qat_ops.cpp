@@ -43,11 +43,21 @@ struct QatBuffers {
   double* mean_partial = nullptr;
   float* delta = nullptr;
   float* dq_accumulator = nullptr;  // the fused sm_90a backward's (sm90_fuses_dq)
+  void* ds_tiles = nullptr;         // the stored-dS sm_90a backward's (sm90_ds_chunks)
+};
+
+// How the sm_90a backward computes dQ: from dS tiles its dK/dV kernel stores (within the
+// workspace budget; bitwise reproducible), by reductions into an fp32 accumulator inside dK/dV
+// (handles that are not deterministic, D = 128), or by the dQ kernel that recomputes S and dP. The
+// workspace query and the call ask alike.
+struct DqPath {
+  Sm90DsChunks stored;  // kv_units_per_chunk > 0: stored dS
+  bool fused = false;
 };
 
 // One layout for sizing and carving: prepared tensors, the mean, then (backward) Delta and, when
 // the sm_90a dK/dV kernel reduces dQ, its fp32 accumulator.
-QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, bool fuse_dq,
+QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, const DqPath& dq,
                  WorkspaceCarver& c) {
   QatBuffers b;
   if (prep.q) b.fq = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hq * p.Sq * p.D));
@@ -58,9 +68,10 @@ QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, 
     b.mean_partial = c.take<double>(static_cast<size_t>(mean_chunks(p) * p.D));
   }
   if (backward) b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.Sq));
-  if (fuse_dq)
+  if (dq.fused)
     b.dq_accumulator = c.take<float>(
         static_cast<size_t>(kern::sm90_dq_accumulator_bytes(p.B, p.Hq, p.Sq, p.D) / 4));
+  if (dq.stored.kv_units_per_chunk > 0) b.ds_tiles = c.take<char>(dq.stored.bytes);
   return b;
 }
 
@@ -72,10 +83,15 @@ bool backward_quantizes_qkv(const cpu::QatProblem& p) {
 bool backward_quantizes_p(const cpu::QatProblem& p) {
   return p.cfg.quantize != 0 && p.cfg.quantize_p_backward != 0;
 }
-// Whether the sm_90a dK/dV kernel reduces dQ (the workspace query and the call ask alike).
-bool fuses_dq(const fva_handle& h, const cpu::QatProblem& p) {
-  return sm90_fuses_dq(h, Sm90Kind::kQat, p.D) &&
-         sm90_dkdv_covers(Sm90Kind::kQat, backward_quantizes_p(p), p.cfg.p_scale);
+int64_t tiles_of(int64_t n) { return (n + 63) / 64; }
+DqPath dq_path(const fva_handle& h, const cpu::QatProblem& p) {
+  DqPath path;
+  if (!sm90_dkdv_covers(Sm90Kind::kQat, backward_quantizes_p(p), p.cfg.p_scale)) return path;
+  // A tile per q head, query tile and key tile (causal: the pairs above the diagonal stay unused).
+  path.stored = sm90_ds_chunks(h, p.D, p.B * p.Hkv,
+                               (p.Hq / p.Hkv) * tiles_of(p.Sq) * tiles_of(p.Skv));
+  path.fused = path.stored.kv_units_per_chunk == 0 && sm90_fuses_dq(h, Sm90Kind::kQat, p.D);
+  return path;
 }
 
 void launch_quantize(const fva_handle& h, int32_t dtype, const kern::Tensor4& x,
@@ -177,13 +193,13 @@ void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
 
 size_t qat_forward_workspace(const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, p.cfg.quantize != 0), false, false, c);
+  carve(p, prepared(p, p.cfg.quantize != 0), false, DqPath{}, c);
   return c.bytes();
 }
 
 size_t qat_backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, backward_quantizes_qkv(p)), true, fuses_dq(h, p), c);
+  carve(p, prepared(p, backward_quantizes_qkv(p)), true, dq_path(h, p), c);
   return c.bytes();
 }
 
@@ -194,7 +210,7 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   const bool quantize = p.cfg.quantize != 0;
   const Prepared prep = prepared(p, quantize);
   WorkspaceCarver c(ws);
-  const QatBuffers buf = carve(p, prep, false, false, c);
+  const QatBuffers buf = carve(p, prep, false, DqPath{}, c);
   kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
   a.o = tensor4(o);
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
@@ -222,9 +238,9 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   ensure_context(h.device);
   const bool quantize = backward_quantizes_qkv(p);
   const Prepared prep = prepared(p, quantize);
-  const bool fuse_dq = fuses_dq(h, p);
+  const DqPath path = dq_path(h, p);
   WorkspaceCarver c(ws);
-  const QatBuffers buf = carve(p, prep, true, fuse_dq, c);
+  const QatBuffers buf = carve(p, prep, true, path, c);
   kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
   a.o_for_bwd = tensor4(o_for_bwd);
   a.dout = tensor4(dout);
@@ -243,7 +259,13 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   // sm_90: the Hopper-native dQ, and dK/dV where it covers the P scale mode.
   kern::Sm90BackwardParams native;
   const bool sm90 = sm90_backward_prepare(h, a, p.D, &native);
-  if (sm90 && fuse_dq) {  // dK/dV with dQ reduced beside them (not bitwise reproducible)
+  if (sm90 && path.stored.kv_units_per_chunk > 0) {  // dK/dV storing dS, then dQ from it
+    sm90_stored_ds_backward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, path.stored,
+                                   buf.ds_tiles, static_cast<int32_t>(tiles_of(p.Sq)),
+                                   static_cast<int32_t>(tiles_of(p.Skv)), stream);
+    return;
+  }
+  if (sm90 && path.fused) {  // dK/dV with dQ reduced beside them (not bitwise reproducible)
     sm90_fused_backward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, buf.dq_accumulator, stream);
     return;
   }

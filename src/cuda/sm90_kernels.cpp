@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
 #include "kernel_images.h"
 #include "params.h"
 
@@ -102,7 +107,7 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
   params->a = a;
   params->dq_accum = params->ds_rowsum = nullptr;  // sm90_fused_backward_launch sets them
   params->ds_tiles = nullptr;                      // the stored-dS backward sets them
-  params->kv_unit0 = 0;
+  params->kv_unit0 = params->ds_q_tiles = params->ds_slots = 0;
   params->q_tiles = static_cast<int32_t>(blocks_for(a.Sq, 64));
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
@@ -152,31 +157,77 @@ bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D) {
   return kind == Sm90Kind::kQat && D == 128 && !h.deterministic && native_api(h, D) != nullptr;
 }
 
-bool sm90_stores_ds(const fva_handle& h, Sm90Kind kind, int64_t D) {
-  return kind == Sm90Kind::kVsa && native_api(h, D) != nullptr;
+namespace {
+
+// FVATTN_DS_BUDGET_MIB in bytes (a whole number of MiB; 0: no stored dS), by default 2 GiB: the tiles
+// take 8 KiB per pair, so 1 GiB at B = 1, H = 8, S = 16384 for VSA at 25% density, 4 GiB for
+// dense QAT; 1.1 GB per head for VSA at Wan-720p-like lengths (75k tokens, 10%).
+constexpr int64_t kDefaultDsBudgetMiB = 2048;
+int64_t ds_budget_bytes() {
+  int64_t mib = kDefaultDsBudgetMiB;
+  if (const char* env = std::getenv("FVATTN_DS_BUDGET_MIB"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    if (errno != 0 || *end != '\0' || v < 0 || v > (int64_t{1} << 30))
+      fail(FVA_ERR_INVALID_ARGUMENT,
+           "FVATTN_DS_BUDGET_MIB='{}': expected a whole number of MiB from 0 (no stored dS) to 2^30",
+           env);
+    mib = v;
+  }
+  return mib << 20;
 }
 
-void sm90_stored_ds_backward_launch(const fva_handle& h, const kern::Sm90BackwardParams& params,
-                                    int64_t D, int32_t dtype, int64_t kv_units, void* stream) {
+}  // namespace
+
+Sm90DsChunks sm90_ds_chunks(const fva_handle& h, int64_t D, int64_t kv_units,
+                            int64_t tiles_per_kv_unit) {
+  if (native_api(h, D) == nullptr || kv_units <= 0) return {};
+  const int64_t per_unit = tiles_per_kv_unit * kern::sm90_ds_tile_bytes;
+  const int64_t budget = ds_budget_bytes();
+  if (budget == 0) return {};
+  if (per_unit == 0) return {kv_units, 0};
+  if (per_unit > budget) return {};
+  int64_t per_chunk = std::min(budget / per_unit, kv_units);
+  const int64_t chunks = (kv_units + per_chunk - 1) / per_chunk;
+  per_chunk = (kv_units + chunks - 1) / chunks;  // the same amount of work in every chunk
+  return {per_chunk, static_cast<size_t>(per_chunk * per_unit)};
+}
+
+void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
+                                    kern::Sm90BackwardParams& params, int64_t D, int32_t dtype,
+                                    const Sm90DsChunks& chunks, void* ds_tiles, int32_t ds_q_tiles,
+                                    int32_t ds_slots, void* stream) {
   const kern::AttentionParams& a = params.a;
+  const char* op = kind == Sm90Kind::kQat ? "qat" : "vsa";
   const char* sfx = dtype_suffix(dtype);
-  // dK/dV (attention_backward_sm90.cuh, kStoreDs): a producer and a consumer warpgroup per kv
-  // block of the chunk's units, two blocks per SM.
-  Launch l;
-  l.grid_x = blocks_for(a.Skv, 64);
-  l.grid_y = static_cast<unsigned>(kv_units);
-  l.block = 256;
-  l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, false));
-  launch("sm90", fmt::format("fva_sm90_vsa_bwd_dkdvs_{}_d{}", sfx, D).c_str(), h.device, l, stream,
-         params);
-  // dQ from the stored tiles (attention_dq_from_ds_sm90.cuh): a warpgroup per q block of the
-  // chunk's q heads, kDsStages ring stages, three blocks per SM.
-  l.grid_x = blocks_for(a.Sq, 64);
-  l.grid_y = static_cast<unsigned>(kv_units * (a.Hq / a.Hkv));
-  l.block = 128;
-  l.smem = static_cast<size_t>(kern::sm90_dq_from_ds_smem_bytes(static_cast<int>(D), kDsStages));
-  launch("sm90", fmt::format("fva_sm90_vsa_bwd_dqs_{}_d{}", sfx, D).c_str(), h.device, l, stream,
-         params);
+  const std::string dkdv = fmt::format("fva_sm90_{}_bwd_dkdvs_{}_d{}", op, sfx, D);
+  const std::string dq = fmt::format("fva_sm90_{}_bwd_dqs_{}_d{}", op, sfx, D);
+  params.ds_tiles = ds_tiles;
+  params.ds_q_tiles = ds_q_tiles;
+  params.ds_slots = ds_slots;
+  const int64_t kv_units = static_cast<int64_t>(a.B) * a.Hkv;
+  for (int64_t u0 = 0; u0 < kv_units; u0 += chunks.kv_units_per_chunk) {
+    const int64_t units = std::min(chunks.kv_units_per_chunk, kv_units - u0);
+    params.kv_unit0 = static_cast<int32_t>(u0);
+    // dK/dV (attention_backward_sm90.cuh, kStoreDs): a producer and a consumer warpgroup per key
+    // tile of the chunk's units, two blocks per SM.
+    Launch l;
+    l.grid_x = blocks_for(a.Skv, 64);
+    l.grid_y = static_cast<unsigned>(units);
+    l.block = 256;
+    l.smem =
+        static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, false));
+    launch("sm90", dkdv.c_str(), h.device, l, stream, params);
+    // dQ from the stored tiles (attention_dq_from_ds_sm90.cuh): a warpgroup per query tile of the
+    // chunk's q heads, kDsStages ring stages, three blocks per SM. The chunks reuse the tiles'
+    // workspace in stream order.
+    l.grid_x = blocks_for(a.Sq, 64);
+    l.grid_y = static_cast<unsigned>(units * (a.Hq / a.Hkv));
+    l.block = 128;
+    l.smem = static_cast<size_t>(kern::sm90_dq_from_ds_smem_bytes(static_cast<int>(D), kDsStages));
+    launch("sm90", dq.c_str(), h.device, l, stream, params);
+  }
 }
 
 void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,

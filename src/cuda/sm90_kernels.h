@@ -48,15 +48,29 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
 // stored-dS backward below: its kv blocks have lists of their own, so a block cannot pair two of
 // them, and with one 64-key tile per block the reductions cost more than they save: docs/perf.md.)
 bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D);
-// Whether VSA's backward on `h` stores dS: its sm_90a dK/dV kernel writes every listed pair's dS
-// tile to the workspace and a dQ kernel sums dS K from them (attention_dq_from_ds_sm90.cuh),
-// instead of the dQ kernel that recomputes S and dP. Bitwise reproducible like the other; the
-// backward needs the tiles' workspace (its size query asks here too).
-bool sm90_stores_ds(const fva_handle& h, Sm90Kind kind, int64_t D);
-// One chunk of that backward, prepared above, with params.ds_tiles set: dK/dV of the (b, kv head)
-// units [params.kv_unit0, + kv_units), storing their pairs' dS tiles, then dQ of their q heads.
-void sm90_stored_ds_backward_launch(const fva_handle& h, const kern::Sm90BackwardParams& params,
-                                    int64_t D, int32_t dtype, int64_t kv_units, void* stream);
+// The stored-dS backward (QAT and VSA, sm_90a): the dK/dV kernel writes every (query tile, key
+// tile) pair's dS tile (kern::sm90_ds_tile_bytes) to the workspace and a dQ kernel sums dS K from
+// them (attention_dq_from_ds_sm90.cuh), instead of a dQ kernel that recomputes S and dP (or, QAT's
+// fast handles, reductions into an fp32 accumulator). Bitwise reproducible on every handle. The
+// tiles of a problem can be large (8 KiB a pair), so they take at most FVATTN_DS_BUDGET_MIB of
+// workspace (default 2048; 0: none): the (b, kv head) units run in chunks that fit it, and a
+// problem whose single unit does not fit runs without stored dS.
+struct Sm90DsChunks {
+  int64_t kv_units_per_chunk = 0;  // 0: no stored dS for this call
+  size_t bytes = 0;                // the tiles' workspace (one chunk's)
+};
+// The chunks of a call on `h` with `kv_units` (b, kv head) units of `tiles_per_kv_unit` tiles
+// each (every q head of the unit's group): none when the native kernels do not run it. Throws
+// FVA_ERR_INVALID_ARGUMENT for a malformed FVATTN_DS_BUDGET_MIB.
+Sm90DsChunks sm90_ds_chunks(const fva_handle& h, int64_t D, int64_t kv_units,
+                            int64_t tiles_per_kv_unit);
+// The stored-dS backward, prepared above: chunk by chunk, dK/dV of the chunk's units (storing
+// their dS tiles in `ds_tiles`, a q unit's as ds_q_tiles x ds_slots tiles: VSA's q blocks x q2k
+// slots, QAT's query tiles x key tiles), then dQ of their q heads.
+void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
+                                    kern::Sm90BackwardParams& params, int64_t D, int32_t dtype,
+                                    const Sm90DsChunks& chunks, void* ds_tiles, int32_t ds_q_tiles,
+                                    int32_t ds_slots, void* stream);
 
 // The fused backward, prepared above, with `accumulator` (sm90_dq_accumulator_bytes of workspace):
 // zeroes it, runs dK/dV with dQ into it, converts it into a.dq.

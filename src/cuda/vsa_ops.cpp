@@ -3,10 +3,7 @@
 // apply the metadata rules of src/cpu/vsa_common.h themselves.
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <limits>
-#include <string>
 
 #include "cuda_ops.h"
 #include "error.h"
@@ -143,65 +140,30 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
 
 namespace {
 
-// The most workspace the sm_90a backward's stored dS tiles take by default: 1 GiB, all of them at
-// B = 1, H = 8, S = 16384, 25% density (8 KiB per listed pair); larger problems run in chunks of
-// (b, kv head) units. FVATTN_VSA_DS_BUDGET_MIB overrides it (a whole number of MiB, at least 1).
-constexpr int64_t kDefaultDsBudgetMiB = 1024;
-
-int64_t ds_budget_bytes() {
-  int64_t mib = kDefaultDsBudgetMiB;
-  if (const char* env = std::getenv("FVATTN_VSA_DS_BUDGET_MIB"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(env, &end, 10);
-    if (errno != 0 || *end != '\0' || v < 1 || v > (int64_t{1} << 40))
-      fail(FVA_ERR_INVALID_ARGUMENT,
-           "FVATTN_VSA_DS_BUDGET_MIB='{}': expected a whole number of MiB from 1 to 2^40", env);
-    mib = v;
-  }
-  return mib << 20;
-}
-
-// How the stored-dS backward splits the (b, kv head) units: chunks of equal size whose tiles fit
-// the budget (one unit at least, whatever the budget), and the tiles' bytes per chunk.
-struct DsChunks {
-  int64_t kv_units_per_chunk = 0;
-  size_t bytes = 0;
-};
-DsChunks ds_chunks(const cpu::VsaProblem& p) {
-  const int64_t kv_units = p.B * p.Hkv;
-  const int64_t per_unit =
-      (p.Hq / p.Hkv) * p.num_q_blocks * p.max_k * kern::sm90_ds_tile_bytes;
-  if (per_unit == 0) return {kv_units, 0};
-  int64_t per_chunk = std::min(std::max<int64_t>(ds_budget_bytes() / per_unit, 1), kv_units);
-  const int64_t chunks = (kv_units + per_chunk - 1) / per_chunk;
-  per_chunk = (kv_units + chunks - 1) / chunks;  // the same amount of work in every chunk
-  return {per_chunk, static_cast<size_t>(per_chunk * per_unit)};
+// The stored-dS backward's chunks (sm90_kernels.h): a tile per q head, q block and q2k slot.
+Sm90DsChunks ds_chunks(const fva_handle& h, const cpu::VsaProblem& p) {
+  return sm90_ds_chunks(h, p.D, p.B * p.Hkv, (p.Hq / p.Hkv) * p.num_q_blocks * p.max_k);
 }
 
 struct VsaBackwardBuffers {
   float* delta;
   InverseBuffers inverse;
-  void* ds_tiles;  // the stored-dS backward's (sm90_stores_ds), else null
+  void* ds_tiles;  // the stored-dS backward's tiles (sm90_ds_chunks), else null
 };
-VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, bool stores_ds, WorkspaceCarver& c) {
+VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, const Sm90DsChunks& chunks,
+                                  WorkspaceCarver& c) {
   VsaBackwardBuffers b;
   b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * cpu::kVsaBlock));
   b.inverse = carve_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
-  b.ds_tiles = stores_ds ? c.take<char>(ds_chunks(p).bytes) : nullptr;
+  b.ds_tiles = chunks.kv_units_per_chunk > 0 ? c.take<char>(chunks.bytes) : nullptr;
   return b;
-}
-
-// Whether the call stores dS (sm90_kernels.h); the workspace query and the call ask alike.
-bool stores_ds(const fva_handle& h, const cpu::VsaProblem& p) {
-  return sm90_stores_ds(h, Sm90Kind::kVsa, p.D);
 }
 
 }  // namespace
 
 size_t vsa_backward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve_backward(p, stores_ds(h, p), c);
+  carve_backward(p, ds_chunks(h, p), c);
   return c.bytes();
 }
 
@@ -213,8 +175,8 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
                   void* stream) {
   ensure_context(h.device);
   WorkspaceCarver c(ws);
-  const bool store_ds = stores_ds(h, p);
-  const VsaBackwardBuffers buf = carve_backward(p, store_ds, c);
+  const Sm90DsChunks chunks = ds_chunks(h, p);
+  const VsaBackwardBuffers buf = carve_backward(p, chunks, c);
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   a.o_for_bwd = tensor4(o);
   a.dout = tensor4(dout);
@@ -242,17 +204,10 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   // sm_90: the Hopper-native dQ and dK/dV where they cover the call.
   kern::Sm90BackwardParams native;
   if (sm90_backward_prepare(h, a, p.D, &native)) {
-    const char* experiment = std::getenv("FVATTN_EXPERIMENT");  // TEMPORARY: A/B on the device
-    if (store_ds && !(experiment && std::string(experiment) == "recompute")) {
-      // dK/dV storing dS, then dQ from it, chunk by chunk of (b, kv head) units: the chunks reuse
-      // the tiles' workspace, in stream order.
-      const int64_t kv_units = p.B * p.Hkv, per_chunk = ds_chunks(p).kv_units_per_chunk;
-      native.ds_tiles = buf.ds_tiles;
-      for (int64_t u0 = 0; u0 < kv_units; u0 += per_chunk) {
-        native.kv_unit0 = static_cast<int32_t>(u0);
-        sm90_stored_ds_backward_launch(h, native, p.D, q.dtype, std::min(per_chunk, kv_units - u0),
-                                       stream);
-      }
+    if (chunks.kv_units_per_chunk > 0) {  // dK/dV storing dS, then dQ from it
+      sm90_stored_ds_backward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, chunks, buf.ds_tiles,
+                                     static_cast<int32_t>(p.num_q_blocks),
+                                     static_cast<int32_t>(p.max_k), stream);
       return;
     }
     sm90_dq_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);

@@ -549,9 +549,9 @@ struct ScopedEnv {
 
 }  // namespace
 
-TEST_CASE("GPU VSA backward: the stored dS in chunks gives the one-chunk result, bit for bit") {
+TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk result; above the budget, recomputed") {
   // On sm_90a (native kernels) the backward stores every listed pair's dS tile (8 KiB) in the
-  // workspace, in chunks of (b, kv head) units that fit FVATTN_VSA_DS_BUDGET_MIB. Here each unit's
+  // workspace, in chunks of (b, kv head) units that fit FVATTN_DS_BUDGET_MIB. Here each unit's
   // tiles take exactly 1 MiB (2 q heads x 8 q blocks x 8 slots x 8 KiB), so a budget of 1 MiB runs
   // the four units one by one, 2 MiB two by two, and the default all at once.
   VsaCase c{2, 4, 2, 8, 8, 8, uniform(0, 1) ? 128 : 64, FVA_DTYPE_BF16, Layout::BHSD};
@@ -579,7 +579,7 @@ TEST_CASE("GPU VSA backward: the stored dS in chunks gives the one-chunk result,
   const bool stores_ds = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
   INFO("D " << c.D << ", image " << info.image);
   for (const char* budget : {"1", "2"}) {
-    ScopedEnv env("FVATTN_VSA_DS_BUDGET_MIB", budget);
+    ScopedEnv env("FVATTN_DS_BUDGET_MIB", budget);
     const VsaGrads chunked = gpu_vsa_backward(c, in, o_ref, l_ref);
     CHECK_MESSAGE(chunked.dq.bits16() == whole.dq.bits16(), "dQ differs with a budget of " << budget << " MiB");
     CHECK_MESSAGE(chunked.dk.bits16() == whole.dk.bits16(), "dK differs with a budget of " << budget << " MiB");
@@ -588,9 +588,40 @@ TEST_CASE("GPU VSA backward: the stored dS in chunks gives the one-chunk result,
     const size_t saved = (4 - static_cast<size_t>(std::stoi(budget))) << 20;
     CHECK(whole.workspace - chunked.workspace == (stores_ds ? saved : 0));
   }
+  // A unit whose tiles do not fit the budget: the dQ kernel that recomputes S and dP runs instead,
+  // with no tiles in the workspace (here 1.125 MiB a unit: 9 q blocks, against 1 MiB).
+  {
+    VsaCase c9 = c;
+    c9.nqb = 9;
+    const VsaInputs in9 = make_vsa_inputs(c9);
+    HostTensor o9(c9.dtype, {c9.B, c9.Hq, 64 * c9.nqb, c9.D}, c9.layout),
+        l9(FVA_DTYPE_F32, {c9.B, c9.Hq, 64 * c9.nqb});
+    {
+      CpuHandle h;
+      const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+      size_t bytes = 0;
+      REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, in9.q.t(), in9.k.t(), in9.v.t(), in9.idx.t(), &bytes));
+      AlignedBuffer ws = workspace(bytes);
+      REQUIRE_OK(fva_vsa_forward(h.h, &cfg, in9.q.t(), in9.k.t(), in9.v.t(), in9.idx.t(), in9.num.t(),
+                                 in9.sizes.t(), o9.t(), l9.t(), ws.data(), bytes, nullptr));
+    }
+    const VsaGrads stored = gpu_vsa_backward(c9, in9, o9, l9);
+    ScopedEnv env("FVATTN_DS_BUDGET_MIB", "1");
+    const VsaGrads recomputed = gpu_vsa_backward(c9, in9, o9, l9);
+    const VsaGrads ref9 = cpu_vsa_backward(c9, in9, o9, l9);
+    CHECK(stored.workspace - recomputed.workspace == (stores_ds ? size_t{9} << 19 : 0));  // 4 x 1.125 MiB
+    for (const VsaGrads* g : {&stored, &recomputed}) {
+      check_close("vsa dq", g->dq, ref9.dq, kTol);
+      check_close("vsa dk", g->dk, ref9.dk, kTol);
+      check_close("vsa dv", g->dv, ref9.dv, kTol);
+    }
+    // dK and dV come from the same products either way (dQ from differently computed dS).
+    CHECK(stored.dk.bits16() == recomputed.dk.bits16());
+    CHECK(stored.dv.bits16() == recomputed.dv.bits16());
+  }
   // A budget that is not a whole positive number of MiB is refused, naming the variable.
-  for (const char* bad : {"0", "-5", "1.5", "lots"}) {
-    ScopedEnv env("FVATTN_VSA_DS_BUDGET_MIB", bad);
+  for (const char* bad : {"-5", "1.5", "lots", "2048MiB"}) {
+    ScopedEnv env("FVATTN_DS_BUDGET_MIB", bad);
     DeviceTensor q(in.q), k(in.k), v(in.v), idx(in.idx);
     CudaHandle gpu;
     const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
@@ -598,7 +629,7 @@ TEST_CASE("GPU VSA backward: the stored dS in chunks gives the one-chunk result,
     const fva_status_t st = fva_vsa_backward_workspace_size(gpu.h, &cfg, q.t(), k.t(), v.t(), idx.t(), &bytes);
     if (stores_ds) {
       CHECK(st == FVA_ERR_INVALID_ARGUMENT);
-      CHECK(std::string(fva_last_error()).find("FVATTN_VSA_DS_BUDGET_MIB") != std::string::npos);
+      CHECK(std::string(fva_last_error()).find("FVATTN_DS_BUDGET_MIB") != std::string::npos);
     } else {
       CHECK(st == FVA_OK);  // no stored dS: the variable plays no part
     }
@@ -725,26 +756,36 @@ TEST_CASE("GPU results against FastVideo's golden outputs") {
   }
 }
 
-TEST_CASE("GPU QAT backward workspace holds the fused dQ's accumulator on fast handles") {
-  // On sm_90 with the native kernels, QAT at D = 128 on a handle that is not deterministic reduces
-  // dQ into an fp32 accumulator in the workspace: 4 (D + 1) bytes per head and query row, rows
-  // rounded up to 64. Deterministic handles (and every other device or kernel set) need none.
+TEST_CASE("GPU QAT backward workspace: stored dS tiles, or the fused dQ's accumulator") {
+  // On sm_90 with the native kernels the QAT backward stores every (query tile, key tile) pair's
+  // dS tile, 8 KiB, in the workspace while they fit FVATTN_DS_BUDGET_MIB, on every handle. Beyond
+  // it (here: a budget of 0), at D = 128 a handle that is not deterministic reduces dQ into an fp32
+  // accumulator instead: 4 (D + 1) bytes per head and query row, rows rounded up to 64. Other
+  // devices and kernel sets need neither.
   QatCase c = random_qat_case("production");
   c.D = 128;
   const QatTensors in = make_qat_inputs(c);
   DeviceTensor q(in.q), k(in.k), v(in.v);
   CudaHandle det(true), fast(false);
-  size_t det_bytes = 0, fast_bytes = 0;
-  REQUIRE_OK(fva_qat_backward_workspace_size(det.h, &c.cfg, q.t(), k.t(), v.t(), &det_bytes));
-  REQUIRE_OK(fva_qat_backward_workspace_size(fast.h, &c.cfg, q.t(), k.t(), v.t(), &fast_bytes));
+  auto bytes_of = [&](const CudaHandle& h) {
+    size_t bytes = 0;
+    REQUIRE_OK(fva_qat_backward_workspace_size(h.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
+    return bytes;
+  };
   fva_handle_info_t info{};
   info.struct_size = sizeof info;
   REQUIRE_OK(fva_get_info(fast.h, &info));
-  const bool fused = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const bool native = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const size_t tiles = static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * ((c.Skv + 63) / 64)) * 8192;
   const size_t accumulator =
       static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * 64 * (c.D + 1) * 4);
   INFO(describe(c) << ", image " << info.image);
-  CHECK(fast_bytes == det_bytes + (fused ? accumulator : 0));
+  const size_t det_stored = bytes_of(det), fast_stored = bytes_of(fast);
+  ScopedEnv none("FVATTN_DS_BUDGET_MIB", "0");
+  const size_t det_plain = bytes_of(det), fast_plain = bytes_of(fast);
+  CHECK(det_stored == fast_stored);
+  CHECK(det_stored == det_plain + (native ? tiles : 0));
+  CHECK(fast_plain == det_plain + (native ? accumulator : 0));
 }
 
 TEST_CASE("GPU backward is bitwise deterministic, and every op replays from a CUDA graph") {
