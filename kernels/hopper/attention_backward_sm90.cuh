@@ -303,6 +303,20 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
 
   int stage = 0, pending = -1;
   uint32_t phase = 0;
+  // kStoreDs: the tile (its index in P.ds_tiles) whose dSᵀ, still in a_ds, is stored next; see
+  // store_pending_ds.
+  [[maybe_unused]] int64_t ds_pending = -1;
+  // A tile's dSᵀ is stored during the next tile, after that tile's release of its predecessor's
+  // stage (an mbarrier arrive, with release semantics), not just before it: a release orders the
+  // stores before it, and waiting for them there stalled the consumer.
+  [[maybe_unused]] auto store_pending_ds = [&] {
+    if constexpr (kStoreDs) {
+      if (ds_pending >= 0)
+        store_ds_tile(static_cast<uint4*>(P.ds_tiles) + ds_pending * (kern::sm90_ds_tile_bytes / 16),
+                      a_ds, warp, lane);
+      ds_pending = -1;
+    }
+  };
   for (auto c = tiles.first(); c.valid(); c = tiles.next(c)) {
     mbar_wait(bar_full(stage), phase);
     wgmma_fence();
@@ -315,6 +329,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     fence_registers(dv);
     keep_alive();
     if (pending >= 0) mbar_arrive(bar_empty(pending));
+    store_pending_ds();
     wgmma_fence();
     wgmma_tiles_abt<T, D>(dpt_flat, v_tile, do_tile(stage));
     wgmma_commit();
@@ -417,12 +432,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     } else {
       issue_dv_dk();
       if constexpr (kStoreDs) {
-        // The pair's dSᵀ to its tile (chunk-local q unit, query tile, slot), under dV and dK.
+        // The pair's tile (chunk-local q unit, query tile, slot), stored during the next tile.
         const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
                              static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
-        const int64_t index = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
-        store_ds_tile(static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16),
-                      a_ds, warp, lane);
+        ds_pending = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
       }
     }
     // dV and dK stay in flight under the next tile's Sᵀ; the stage they read is released after
@@ -445,6 +458,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   fence_registers(dk);
   fence_registers(dv);
   keep_alive();
+  store_pending_ds();  // the last tile's
 
   // dK * scale and dV, rows past the tile's output rows left alone.
   const int rows = keys.output_rows();
