@@ -134,10 +134,10 @@ typedef struct fva_handle_options {
   int32_t backend;       /* FVA_BACKEND_* */
   int32_t device;        /* CUDA device ordinal; -1: the calling thread's current device (or 0) */
   int32_t deterministic; /* 1: bitwise reproducible results run to run (the CPU backend always is).
-                            0 (default): on sm_90, the QAT backward at D = 128 sums dQ with fp32
-                            atomics (its last bits vary run to run; dK and dV do not), which is
-                            faster and needs more workspace; every other op is reproducible on
-                            either handle */
+                            0 (default): the same, except on sm_90 for a QAT backward at D = 128
+                            too large for the stored-dS budget (see fva_qat_backward_workspace_size):
+                            it then sums dQ with fp32 atomics (its last bits vary run to run; dK and
+                            dV do not), which is faster than a deterministic handle's dQ kernel */
   int32_t kernels;       /* FVA_KERNELS_*; appended after ABI 1: a struct_size that ends before it
                             (a client built against the older header) means FVA_KERNELS_AUTO */
 } fva_handle_options_t;
@@ -217,9 +217,17 @@ FVA_API fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg
                                      const fva_tensor_t* v, const fva_tensor_t* o,
                                      const fva_tensor_t* o_hp, const fva_tensor_t* lse, void* ws,
                                      size_t ws_bytes, void* stream);
-/* Bytes of workspace fva_qat_backward needs. It depends on the handle: on sm_90 a handle that is
- * not deterministic needs an fp32 dQ accumulator more at D = 128 (4 (D + 1) bytes per query row
- * and head, rows rounded up to 64). */
+/* Bytes of workspace fva_qat_backward needs. It depends on the handle and, on sm_90, on the
+ * environment variable FVATTN_DS_BUDGET_MIB (read at every call; keep it unchanged between the query
+ * and the backward):
+ *   - on sm_90 the backward stores dS, 8 KiB per (64-query tile, 64-key tile) pair and head, in the
+ *     workspace (dQ then costs one product per pair instead of three, and stays reproducible), at
+ *     most FVATTN_DS_BUDGET_MIB MiB of it (default 2048; 0: never), running the (batch, kv head)
+ *     pairs in chunks that fit;
+ *   - when a single (batch, kv head) does not fit, a handle that is not deterministic needs an fp32
+ *     dQ accumulator instead at D = 128 (4 (D + 1) bytes per query row and head, rows rounded up
+ *     to 64), and a deterministic handle nothing more.
+ * A malformed FVATTN_DS_BUDGET_MIB (not a whole number from 0 to 2^30) is FVA_ERR_INVALID_ARGUMENT. */
 FVA_API fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                                      const fva_tensor_t* q, const fva_tensor_t* k,
                                                      const fva_tensor_t* v, size_t* bytes);
@@ -303,7 +311,9 @@ FVA_API fva_status_t fva_vsa_backward_workspace_size(fva_handle_t h, const fva_v
                                                      const fva_tensor_t* v,
                                                      const fva_tensor_t* q2k_idx, size_t* bytes);
 /* Backward: writes dq, dk, dv. It inverts the indices itself, in its workspace, so the result is
- * deterministic; kv blocks nobody selects get exactly zero dk and dv. */
+ * deterministic; kv blocks nobody selects get exactly zero dk and dv. On sm_90 its workspace also
+ * holds dS, 8 KiB per (q block, q2k_idx slot) and q head, within FVATTN_DS_BUDGET_MIB as for
+ * fva_qat_backward_workspace_size (beyond it, dQ recomputes S and dP: slower, no extra workspace). */
 FVA_API fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg,
                                       const fva_tensor_t* q, const fva_tensor_t* k,
                                       const fva_tensor_t* v, const fva_tensor_t* o,

@@ -10,8 +10,13 @@
 //         Pᵀ = 2^(Sᵀ scale log2e - lse) (masked: 0), dSᵀ = dtype(Pᵀ (dPᵀ - Delta))
 //         dV += [FQ_P](Pᵀ) dO, dK += dSᵀ Q (wgmma, P and dS from registers)
 //     and finally stores dK * scale and dV. Two such blocks share an SM, interleaving one's
-//     exponentials with the other's products; the dQ kernel (attention_dq_sm90.cuh) follows.
-//   - kFuseDq (QAT at D = 128, handles that are not deterministic): dQ is computed here instead,
+//     exponentials with the other's products; a dQ kernel follows.
+//   - kStoreDs (the default within the workspace budget, both backwards, every handle): each
+//     pair's dSᵀ also goes to the workspace as it sits in the registers (8 KiB, fully coalesced
+//     stores, issued during the next tile), and the dQ kernel of attention_dq_from_ds_sm90.cuh
+//     sums dS K from it. Without it, the dQ kernel of attention_dq_sm90.cuh recomputes S and dP.
+//   - kFuseDq (QAT at D = 128, handles that are not deterministic, beyond the stored-dS budget):
+//     dQ is computed here instead,
 //     FlashAttention-3's way. A block owns 128 keys, two consumers of 64 (one block per SM). Each
 //     writes its dSᵀ to shared memory (dK reads it from there), and computes one 64-column half of
 //     the query tile's dQ part, dS K over all 128 keys (and rowsum(dS), dS against ones, for

@@ -19,12 +19,14 @@
 // QAT, the warp-specialized dQ (two consumers sharing each K/V tile, one block per SM, until
 // 6b151ab) measured the same as this kernel (QAT backward 300.1 against 300.5 TFLOPS at S=16384,
 // 301.3 against 303.0 at 32768, docs/perf.md), so one dQ kernel serves both.
-// Where this kernel runs: deterministic handles, VSA, and D = 64. QAT at D = 128 on handles that
-// are not deterministic reduces dQ inside its dK/dV kernel (attention_backward_sm90.cuh, kFuseDq,
-// 128 keys per block). VSA cannot: its key blocks have lists of their own, so a block cannot pair
-// two, and with one 64-key block the fp32 reductions (32 KiB per pair, L2-bound) cost more than
-// this kernel's recomputed S and dP (VSA backward 345.0 fused against 389.5 TFLOPS at S=16384;
-// docs/perf.md, session 8).
+// Where this kernel runs: only beyond the stored-dS budget (FVATTN_DS_BUDGET_MIB), for VSA, and
+// for QAT on deterministic handles or at D = 64. Within it, the dK/dV kernel stores dS and
+// attention_dq_from_ds_sm90.cuh needs one product per pair instead of this kernel's three; beyond
+// it, QAT at D = 128 on handles that are not deterministic reduces dQ inside its dK/dV kernel
+// (attention_backward_sm90.cuh, kFuseDq, 128 keys per block). VSA cannot: its key blocks have
+// lists of their own, so a block cannot pair two, and with one 64-key block the fp32 reductions
+// (32 KiB per pair, L2-bound) cost more than this kernel's recomputed S and dP (VSA backward
+// 345.0 fused against 389.5 TFLOPS at S=16384; docs/perf.md, session 8).
 #pragma once
 
 #include <math_constants.h>

@@ -41,9 +41,10 @@ bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale);
 void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                       int64_t D, int32_t dtype, void* stream);
 
-// Whether a backward on `h` reduces dQ inside the sm_90a dK/dV kernel (fp32 reductions in L2, in
-// an order that varies run to run) instead of running the dQ kernel: QAT at D = 128 on handles that
-// are not deterministic, when the native kernels may run. The backward then needs
+// Whether a backward on `h` may reduce dQ inside the sm_90a dK/dV kernel (fp32 reductions in L2,
+// in an order that varies run to run) instead of running the dQ kernel: QAT at D = 128 on handles
+// that are not deterministic, when the native kernels may run; the QAT backward does so only when
+// it does not store dS (sm90_ds_chunks below, which is faster and reproducible). It then needs
 // kern::sm90_dq_accumulator_bytes of workspace more (its size query asks here too). (VSA keeps the
 // stored-dS backward below: its kv blocks have lists of their own, so a block cannot pair two of
 // them, and with one 64-key tile per block the reductions cost more than they save: docs/perf.md.)
