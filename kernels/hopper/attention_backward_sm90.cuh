@@ -103,8 +103,11 @@ __device__ __forceinline__ void store_ds_tile(uint4* tile, const uint32_t (&a)[4
     tile[(4 * warp + step) * 32 + lane] = make_uint4(a[step][0], a[step][1], a[step][2], a[step][3]);
 }
 
+// kDeferDs (with kStoreDs): a tile's dS stores wait for the next tile (store_pending_ds). Measured
+// on one H200 in one run (docs/perf.md, session 9): VSA +3% at S=16384 with it, QAT +1.4% at 32768
+// without it (QAT's consumer does more arithmetic per tile, FQ_P, under which the stores hide).
 template <typename T, int D, typename Schedule, bool kQuantizeP, int kStages, bool kFuseDq,
-          bool kStoreDs = false>
+          bool kStoreDs = false, bool kDeferDs = !Schedule::kMayQuantizeP>
 __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90BackwardParams& P,
                                                              char* smem) {
   using L = BackwardLayout<D, kStages, kFuseDq>;
@@ -311,11 +314,11 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // kStoreDs: the tile (its index in P.ds_tiles) whose dSᵀ, still in a_ds, is stored next; see
   // store_pending_ds.
   [[maybe_unused]] int64_t ds_pending = -1;
-  // A tile's dSᵀ is stored during the next tile, after that tile's release of its predecessor's
-  // stage (an mbarrier arrive, with release semantics), not just before it: a release orders the
-  // stores before it, and waiting for them there stalled the consumer.
+  // kDeferDs: a tile's dSᵀ is stored during the next tile, after that tile's release of its
+  // predecessor's stage (an mbarrier arrive, with release semantics), not just before it: a
+  // release orders the stores before it, and waiting for them there can stall the consumer.
   [[maybe_unused]] auto store_pending_ds = [&] {
-    if constexpr (kStoreDs) {
+    if constexpr (kStoreDs && kDeferDs) {
       if (ds_pending >= 0)
         store_ds_tile(static_cast<uint4*>(P.ds_tiles) + ds_pending * (kern::sm90_ds_tile_bytes / 16),
                       a_ds, warp, lane);
@@ -334,7 +337,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     fence_registers(dv);
     keep_alive();
     if (pending >= 0) mbar_arrive(bar_empty(pending));
-    store_pending_ds();
+    if constexpr (kDeferDs) store_pending_ds();
     wgmma_fence();
     wgmma_tiles_abt<T, D>(dpt_flat, v_tile, do_tile(stage));
     wgmma_commit();
@@ -437,10 +440,17 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     } else {
       issue_dv_dk();
       if constexpr (kStoreDs) {
-        // The pair's tile (chunk-local q unit, query tile, slot), stored during the next tile.
+        // The pair's tile (chunk-local q unit, query tile, slot), stored now (under dV and dK) or,
+        // kDeferDs, during the next tile.
         const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
                              static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
-        ds_pending = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
+        const int64_t index = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
+        if constexpr (kDeferDs) {
+          ds_pending = index;
+        } else {
+          store_ds_tile(static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16),
+                        a_ds, warp, lane);
+        }
       }
     }
     // dV and dK stay in flight under the next tile's Sᵀ; the stage they read is released after
@@ -463,7 +473,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   fence_registers(dk);
   fence_registers(dv);
   keep_alive();
-  store_pending_ds();  // the last tile's
+  if constexpr (kDeferDs) store_pending_ds();  // the last tile's
 
   // dK * scale and dV, rows past the tile's output rows left alone.
   const int rows = keys.output_rows();
