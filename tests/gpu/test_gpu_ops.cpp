@@ -490,18 +490,33 @@ TEST_CASE("GPU VSA matches the CPU backend (ragged blocks, junk metadata, GQA)")
 
 namespace {
 
-// The VSA backward on a GPU handle (`cpu`: on the CPU backend), and the workspace it asked for.
+// A VSA backward's gradients (as the case's tensors) and the workspace it asked for.
 struct VsaGrads {
   HostTensor dq, dk, dv;
   size_t workspace = 0;
 };
+VsaGrads empty_vsa_grads(const VsaCase& c) {
+  const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
+  return VsaGrads{HostTensor(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
+                  HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout),
+                  HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout)};
+}
+// The forward's o and lse on the CPU backend (what the backwards below take).
+void cpu_vsa_forward(const VsaCase& c, const VsaInputs& in, HostTensor& o, HostTensor& l) {
+  o = HostTensor(c.dtype, {c.B, c.Hq, 64 * c.nqb, c.D}, c.layout);
+  l = HostTensor(FVA_DTYPE_F32, {c.B, c.Hq, 64 * c.nqb});
+  CpuHandle h;
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  size_t bytes = 0;
+  REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), &bytes));
+  AlignedBuffer ws = workspace(bytes);
+  REQUIRE_OK(fva_vsa_forward(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), in.num.t(), in.sizes.t(),
+                             o.t(), l.t(), ws.data(), bytes, nullptr));
+}
 VsaGrads cpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTensor& o_ref,
                           const HostTensor& l_ref) {
-  const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
   const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-  VsaGrads r{HostTensor(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
-             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout),
-             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout)};
+  VsaGrads r = empty_vsa_grads(c);
   CpuHandle h;
   REQUIRE_OK(fva_vsa_backward_workspace_size(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), &r.workspace));
   AlignedBuffer ws = workspace(r.workspace);
@@ -512,11 +527,8 @@ VsaGrads cpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTenso
 }
 VsaGrads gpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTensor& o_ref,
                           const HostTensor& l_ref) {
-  const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
   const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-  VsaGrads r{HostTensor(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
-             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout),
-             HostTensor(c.dtype, {c.B, c.Hkv, Skv, c.D}, c.layout)};
+  VsaGrads r = empty_vsa_grads(c);
   HostTensor &dq_g = r.dq, &dk_g = r.dk, &dv_g = r.dv;
   CudaHandle gpu;
   DeviceTensor q(in.q), k(in.k), v(in.v), o(o_ref), l(l_ref), dout(in.dout), idx(in.idx), num(in.num),
@@ -556,17 +568,8 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
   // the four units one by one, 2 MiB two by two, and the default all at once.
   VsaCase c{2, 4, 2, 8, 8, 8, uniform(0, 1) ? 128 : 64, FVA_DTYPE_BF16, Layout::BHSD};
   const VsaInputs in = make_vsa_inputs(c);
-  const int64_t Sq = 64 * c.nqb;
-  HostTensor o_ref(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout), l_ref(FVA_DTYPE_F32, {c.B, c.Hq, Sq});
-  {
-    CpuHandle h;
-    const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-    size_t bytes = 0;
-    REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), &bytes));
-    AlignedBuffer ws = workspace(bytes);
-    REQUIRE_OK(fva_vsa_forward(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), in.num.t(),
-                               in.sizes.t(), o_ref.t(), l_ref.t(), ws.data(), bytes, nullptr));
-  }
+  HostTensor o_ref, l_ref;
+  cpu_vsa_forward(c, in, o_ref, l_ref);
   // The default budget, whatever the environment (CTest also runs the suite with a budget of 0).
   ScopedEnv default_budget("FVATTN_DS_BUDGET_MIB", "2048");
   const VsaGrads whole = gpu_vsa_backward(c, in, o_ref, l_ref);
@@ -596,17 +599,8 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
     VsaCase c9 = c;
     c9.nqb = 9;
     const VsaInputs in9 = make_vsa_inputs(c9);
-    HostTensor o9(c9.dtype, {c9.B, c9.Hq, 64 * c9.nqb, c9.D}, c9.layout),
-        l9(FVA_DTYPE_F32, {c9.B, c9.Hq, 64 * c9.nqb});
-    {
-      CpuHandle h;
-      const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-      size_t bytes = 0;
-      REQUIRE_OK(fva_vsa_forward_workspace_size(h.h, &cfg, in9.q.t(), in9.k.t(), in9.v.t(), in9.idx.t(), &bytes));
-      AlignedBuffer ws = workspace(bytes);
-      REQUIRE_OK(fva_vsa_forward(h.h, &cfg, in9.q.t(), in9.k.t(), in9.v.t(), in9.idx.t(), in9.num.t(),
-                                 in9.sizes.t(), o9.t(), l9.t(), ws.data(), bytes, nullptr));
-    }
+    HostTensor o9, l9;
+    cpu_vsa_forward(c9, in9, o9, l9);
     const VsaGrads stored = gpu_vsa_backward(c9, in9, o9, l9);
     ScopedEnv env("FVATTN_DS_BUDGET_MIB", "1");
     const VsaGrads recomputed = gpu_vsa_backward(c9, in9, o9, l9);
