@@ -3,7 +3,9 @@ handle may be shared by threads, fvattn.h says, and creating one queries the dev
 Read from the environment when a handle is created: FVATTN_KERNELS=portable pins the CUDA handles to
 the portable kernels (FVA_KERNELS_PORTABLE; the default, auto, lets the library pick);
 FVATTN_DETERMINISTIC=1 makes the handles deterministic (bitwise reproducible results; the default,
-0, lets the QAT backward on an H100/H200 sum dQ with atomics, which is faster)."""
+0, lets a QAT backward on an H100/H200 too large for the stored-dS budget sum dQ with atomics, which
+is faster there). The library itself reads FVATTN_DS_BUDGET_MIB at every call: the most workspace,
+in MiB, the H100/H200 backwards may use for stored dS (default 2048; 0: none; fvattn.h)."""
 import ctypes
 import os
 import threading
