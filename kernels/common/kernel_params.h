@@ -159,7 +159,8 @@ constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
 }
 
 // The stored dS: one 64 x 64 16-bit tile per (q unit, query tile, key tile or q2k slot), and the dQ
-// kernel that reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full barrier each.
+// kernel that reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full
+// barrier each.
 constexpr int64_t sm90_ds_tile_bytes = 64 * 64 * 2;
 constexpr int sm90_dq_from_ds_smem_bytes(int D, int stages) {
   return stages * (64 * D * 2 + static_cast<int>(sm90_ds_tile_bytes)) + 8 * stages;

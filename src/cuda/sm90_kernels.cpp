@@ -25,7 +25,7 @@ constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out o
 // one warpgroup per block, no ring.
 constexpr int kQatConsumers = 2, kQatStages = 4;
 constexpr int kDkdvStages = 2;  // dK/dV, QAT and VSA: two blocks per SM
-constexpr int kDsStages = 3;    // VSA's dQ from stored dS: three blocks per SM
+constexpr int kDsStages = 3;    // dQ from stored dS (QAT and VSA): three blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -52,15 +52,22 @@ const Api* native_api(const fva_handle& h, int64_t D) {
   return api != nullptr && api->cuTensorMapEncodeTiled != nullptr ? api : nullptr;
 }
 
-// The launch of a compact kernel (the VSA forward and both dQ kernels, hopper/compact_tiles_sm90.cuh):
-// one 128-thread block per 64 query rows of every (b, q head), `tiles` tiles of shared memory.
-Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles) {
+// The launch of a kernel with one 128-thread block per 64-row query tile of `q_units` (b, q head)
+// units (the compact kernels of hopper/compact_tiles_sm90.cuh: the VSA forward and the dQ kernel
+// that recomputes S and dP; dQ from stored dS; the fused backward's dQ convert).
+Launch query_tile_launch(const kern::AttentionParams& a, int64_t q_units, size_t smem) {
   Launch l;
   l.grid_x = blocks_for(a.Sq, 64);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.grid_y = static_cast<unsigned>(q_units);
   l.block = 128;
-  l.smem = static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), tiles));
+  l.smem = smem;
   return l;
+}
+// A compact kernel over every (b, q head), `tiles` tiles of shared memory.
+Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles) {
+  return query_tile_launch(
+      a, static_cast<int64_t>(a.B) * a.Hq,
+      static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), tiles)));
 }
 
 }  // namespace
@@ -129,28 +136,35 @@ bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale) {
 
 namespace {
 
-// dK/dV, with dQ reduced into the accumulator (fused) or not.
+// Which dK/dV kernel (attention_backward_sm90.cuh): plain, with dQ reduced into the accumulator
+// (kFuseDq: two consumers of 64 keys per block), or storing dS (kStoreDs).
+enum class Dkdv { kPlain, kFusedDq, kStoresDs };
+
+// dK/dV over the (b, kv head) units [params.kv_unit0, + kv_units): a producer warpgroup and one
+// consumer per 64 keys.
 void dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
-                 int64_t D, int32_t dtype, bool fused, void* stream) {
-  const kern::AttentionParams& a = params.a;
-  Launch l;
-  // A producer warpgroup and one consumer per 64 keys (fused: two).
+                 int64_t D, int32_t dtype, Dkdv variant, int64_t kv_units, void* stream) {
+  const bool fused = variant == Dkdv::kFusedDq;
   const int consumers = fused ? 2 : 1;
-  l.grid_x = blocks_for(a.Skv, 64 * consumers);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hkv);
+  Launch l;
+  l.grid_x = blocks_for(params.a.Skv, 64 * consumers);
+  l.grid_y = static_cast<unsigned>(kv_units);
   l.block = 128 * (1 + consumers);
   l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused));
+  const char* suffix = fused ? "q" : variant == Dkdv::kStoresDs ? "s" : "";
   const std::string name = fmt::format("fva_sm90_{}_bwd_dkdv{}_{}_d{}",
-                                       kind == Sm90Kind::kQat ? "qat" : "vsa", fused ? "q" : "",
+                                       kind == Sm90Kind::kQat ? "qat" : "vsa", suffix,
                                        dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
+
+int64_t kv_units_of(const kern::AttentionParams& a) { return static_cast<int64_t>(a.B) * a.Hkv; }
 
 }  // namespace
 
 void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                       int64_t D, int32_t dtype, void* stream) {
-  dkdv_launch(h, kind, params, D, dtype, false, stream);
+  dkdv_launch(h, kind, params, D, dtype, Dkdv::kPlain, kv_units_of(params.a), stream);
 }
 
 bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D) {
@@ -199,34 +213,23 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
                                     const Sm90DsChunks& chunks, void* ds_tiles, int32_t ds_q_tiles,
                                     int32_t ds_slots, void* stream) {
   const kern::AttentionParams& a = params.a;
-  const char* op = kind == Sm90Kind::kQat ? "qat" : "vsa";
-  const char* sfx = dtype_suffix(dtype);
-  const std::string dkdv = fmt::format("fva_sm90_{}_bwd_dkdvs_{}_d{}", op, sfx, D);
-  const std::string dq = fmt::format("fva_sm90_{}_bwd_dqs_{}_d{}", op, sfx, D);
+  const std::string dq = fmt::format("fva_sm90_{}_bwd_dqs_{}_d{}",
+                                     kind == Sm90Kind::kQat ? "qat" : "vsa", dtype_suffix(dtype), D);
+  const size_t dq_smem =
+      static_cast<size_t>(kern::sm90_dq_from_ds_smem_bytes(static_cast<int>(D), kDsStages));
   params.ds_tiles = ds_tiles;
   params.ds_q_tiles = ds_q_tiles;
   params.ds_slots = ds_slots;
-  const int64_t kv_units = static_cast<int64_t>(a.B) * a.Hkv;
+  const int64_t kv_units = kv_units_of(a);
   for (int64_t u0 = 0; u0 < kv_units; u0 += chunks.kv_units_per_chunk) {
     const int64_t units = std::min(chunks.kv_units_per_chunk, kv_units - u0);
     params.kv_unit0 = static_cast<int32_t>(u0);
-    // dK/dV (attention_backward_sm90.cuh, kStoreDs): a producer and a consumer warpgroup per key
-    // tile of the chunk's units, two blocks per SM.
-    Launch l;
-    l.grid_x = blocks_for(a.Skv, 64);
-    l.grid_y = static_cast<unsigned>(units);
-    l.block = 256;
-    l.smem =
-        static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, false));
-    launch("sm90", dkdv.c_str(), h.device, l, stream, params);
-    // dQ from the stored tiles (attention_dq_from_ds_sm90.cuh): a warpgroup per query tile of the
-    // chunk's q heads, kDsStages ring stages, three blocks per SM. The chunks reuse the tiles'
-    // workspace in stream order.
-    l.grid_x = blocks_for(a.Sq, 64);
-    l.grid_y = static_cast<unsigned>(units * (a.Hq / a.Hkv));
-    l.block = 128;
-    l.smem = static_cast<size_t>(kern::sm90_dq_from_ds_smem_bytes(static_cast<int>(D), kDsStages));
-    launch("sm90", dq.c_str(), h.device, l, stream, params);
+    // dK/dV storing the chunk's dS tiles (two blocks per SM), then dQ from them for the chunk's q
+    // heads (attention_dq_from_ds_sm90.cuh: kDsStages ring stages, three blocks per SM). The
+    // chunks reuse the tiles' workspace in stream order.
+    dkdv_launch(h, kind, params, D, dtype, Dkdv::kStoresDs, units, stream);
+    launch("sm90", dq.c_str(), h.device, query_tile_launch(a, units * (a.Hq / a.Hkv), dq_smem),
+           stream, params);
   }
 }
 
@@ -244,14 +247,11 @@ void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
   if (r != CUDA_SUCCESS)
     fail(FVA_ERR_CUDA, "zeroing the dQ accumulator ({} bytes) failed: {}", 4 * words,
          error_text(api, r));
-  dkdv_launch(h, kind, params, D, dtype, true, stream);
+  dkdv_launch(h, kind, params, D, dtype, Dkdv::kFusedDq, kv_units_of(a), stream);
   // dq_accumulator_sm90.cuh: a 128-thread block per 64-row query tile of every (b, q head).
-  Launch l;
-  l.grid_x = static_cast<unsigned>(params.q_tiles);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
-  l.block = 128;
   const std::string name = fmt::format("fva_sm90_dq_convert_{}_d{}", dtype_suffix(dtype), D);
-  launch("sm90", name.c_str(), h.device, l, stream, params);
+  launch("sm90", name.c_str(), h.device,
+         query_tile_launch(a, static_cast<int64_t>(a.B) * a.Hq, 0), stream, params);
 }
 
 }  // namespace fva::cuda

@@ -1,6 +1,7 @@
 // VSA on the CUDA backend: forward (one launch), backward (Delta, the k2q inverse in the workspace,
-// dQ and dK/dV; on sm_90a dK/dV storing dS, then dQ from it) and the public k2q inversion. Index contents are never read on the host: the kernels
-// apply the metadata rules of src/cpu/vsa_common.h themselves.
+// dQ and dK/dV; on sm_90a dK/dV storing dS, then dQ from it) and the public k2q inversion. Index
+// contents are never read on the host: the kernels apply the metadata rules of
+// src/cpu/vsa_common.h themselves.
 #include <fmt/format.h>
 
 #include <limits>
