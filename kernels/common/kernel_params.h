@@ -152,10 +152,9 @@ constexpr int sm90_compact_smem_bytes(int D, int tiles) { return tiles * 64 * D 
 // sm_90a dK/dV: K and V (per consumer: one, or two with dQ fused), kStages (Q, dO) tile pairs, with
 // dQ fused two buffers of a dSᵀ tile per consumer (64 x 64 16-bit) and a 2048-byte tile of ones
 // (the B operand of rowsum(dS)); then the stages' lse and Delta, mbarriers (fused: 4 more).
-// ds_staging_bytes: the stored-dS kernel's staging buffer for its bulk stores.
-constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq, int ds_staging_bytes = 0) {
+constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
   return (2 * (fuse_dq ? 2 : 1) + 2 * stages) * 64 * D * 2 +
-         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * 2 * 64 * 4 + ds_staging_bytes +
+         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * 2 * 64 * 4 +
          8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
 }
 

@@ -41,7 +41,7 @@
 
 namespace fva::dev::sm90 {
 
-template <int D, int kStages, bool kFuseDq, int kDsStagingBytes = 0>
+template <int D, int kStages, bool kFuseDq>
 struct BackwardLayout {
   static constexpr int kConsumers = kFuseDq ? 2 : 1;  // 64-key tiles per block
   static constexpr int kRegionBytes = 64 * 128;
@@ -56,10 +56,8 @@ struct BackwardLayout {
   static constexpr int kDs = kQ + 2 * kStages * kTileBytes;
   static constexpr int kOnes = kDs + (kFuseDq ? 2 * kConsumers * kRegionBytes : 0);
   static constexpr int kRowStats = kOnes + (kFuseDq ? 2048 : 0);  // stage s: lse[64], Delta[64]
-  // kBulkDs: a pair's dSᵀ tile on its way to the workspace (warp w's quarter at kDsStaging + 2048 w).
-  static constexpr int kDsStaging = kRowStats + kStages * 2 * 64 * 4;
-  static constexpr int kBarriers = kDsStaging + kDsStagingBytes;
-  static_assert(kern::sm90_dkdv_smem_bytes(D, kStages, kFuseDq, kDsStagingBytes) ==
+  static constexpr int kBarriers = kRowStats + kStages * 2 * 64 * 4;
+  static_assert(kern::sm90_dkdv_smem_bytes(D, kStages, kFuseDq) ==
                     kBarriers + 8 * (1 + 2 * kStages + (kFuseDq ? 4 : 0)),
                 "host and device disagree on the shared-memory layout");
 };
@@ -105,37 +103,14 @@ __device__ __forceinline__ void store_ds_tile(uint4* tile, const uint32_t (&a)[4
     tile[(4 * warp + step) * 32 + lane] = make_uint4(a[step][0], a[step][1], a[step][2], a[step][3]);
 }
 
-// kBulkDs: the same tile layout through shared memory and the TMA unit. Warp w copies its 2048
-// bytes (its 4 steps) to its quarter of the staging buffer and one lane issues the bulk store; the
-// registers are free at once and no global store sits before the stage's release arrive. The
-// warp's previous copy must have read the buffer first (long since: a tile ago).
-__device__ __forceinline__ void store_ds_tile_bulk(uint4* tile, uint32_t staging,
-                                                   const uint32_t (&a)[4][4], int warp, int lane) {
-  const uint32_t buffer = staging + warp * 2048;
-  if (lane == 0) bulk_wait_read<0>();
-  __syncwarp();
-#pragma unroll
-  for (int step = 0; step < 4; ++step)
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(buffer + step * 512 + lane * 16),
-                 "r"(a[step][0]), "r"(a[step][1]), "r"(a[step][2]), "r"(a[step][3])
-                 : "memory");
-  fence_proxy_async();
-  __syncwarp();
-  if (lane == 0) {
-    bulk_store(tile + warp * 128, buffer, 2048);
-    bulk_commit();
-  }
-}
-
 // kDeferDs (with kStoreDs): a tile's dS stores wait for the next tile (store_pending_ds). Measured
 // on one H200 in one run (docs/perf.md, session 9): VSA +3% at S=16384 with it, QAT +1.4% at 32768
 // without it (QAT's consumer does more arithmetic per tile, FQ_P, under which the stores hide).
 template <typename T, int D, typename Schedule, bool kQuantizeP, int kStages, bool kFuseDq,
-          bool kStoreDs = false, bool kDeferDs = !Schedule::kMayQuantizeP, bool kBulkDs = false>
+          bool kStoreDs = false, bool kDeferDs = !Schedule::kMayQuantizeP>
 __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90BackwardParams& P,
                                                              char* smem) {
-  static_assert(!kBulkDs || (kStoreDs && !kDeferDs), "bulk dS stores are issued at once");
-  using L = BackwardLayout<D, kStages, kFuseDq, kBulkDs ? 4 * 2048 : 0>;
+  using L = BackwardLayout<D, kStages, kFuseDq>;
   constexpr int kConsumers = L::kConsumers;
   // The fused kernel: two consumers, each 64 keys and, of dQ = dS K over the block's 128 keys, one
   // 64-column half of D. QAT only: its keys past Skv are zeros from the TMA (a ragged VSA block's
@@ -473,12 +448,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
         if constexpr (kDeferDs) {
           ds_pending = index;
         } else {
-          uint4* tile = static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16);
-          if constexpr (kBulkDs) {
-            store_ds_tile_bulk(tile, base + L::kDsStaging, a_ds, warp, lane);
-          } else {
-            store_ds_tile(tile, a_ds, warp, lane);
-          }
+          store_ds_tile(static_cast<uint4*>(P.ds_tiles) + index * (kern::sm90_ds_tile_bytes / 16),
+                        a_ds, warp, lane);
         }
       }
     }
@@ -503,11 +474,6 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   fence_registers(dv);
   keep_alive();
   if constexpr (kDeferDs) store_pending_ds();  // the last tile's
-  // kBulkDs: the block's shared memory must outlive the copies that read it, and the dQ kernel
-  // reads what they write.
-  if constexpr (kBulkDs) {
-    if (lane == 0) bulk_wait<0>();
-  }
 
   // dK * scale and dV, rows past the tile's output rows left alone.
   const int rows = keys.output_rows();

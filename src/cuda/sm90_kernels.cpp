@@ -138,7 +138,7 @@ namespace {
 
 // Which dK/dV kernel (attention_backward_sm90.cuh): plain, with dQ reduced into the accumulator
 // (kFuseDq: two consumers of 64 keys per block), or storing dS (kStoreDs).
-enum class Dkdv { kPlain, kFusedDq, kStoresDs, kStoresDsBulk };
+enum class Dkdv { kPlain, kFusedDq, kStoresDs };
 
 // dK/dV over the (b, kv head) units [params.kv_unit0, + kv_units): a producer warpgroup and one
 // consumer per 64 keys.
@@ -150,10 +150,8 @@ void dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardPar
   l.grid_x = blocks_for(params.a.Skv, 64 * consumers);
   l.grid_y = static_cast<unsigned>(kv_units);
   l.block = 128 * (1 + consumers);
-  const bool bulk = variant == Dkdv::kStoresDsBulk;
-  l.smem = static_cast<size_t>(
-      kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused, bulk ? 8192 : 0));
-  const char* suffix = fused ? "q" : variant == Dkdv::kStoresDs ? "s" : bulk ? "sb" : "";
+  l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused));
+  const char* suffix = fused ? "q" : variant == Dkdv::kStoresDs ? "s" : "";
   const std::string name = fmt::format("fva_sm90_{}_bwd_dkdv{}_{}_d{}",
                                        kind == Sm90Kind::kQat ? "qat" : "vsa", suffix,
                                        dtype_suffix(dtype), D);
@@ -229,10 +227,7 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
     // dK/dV storing the chunk's dS tiles (two blocks per SM), then dQ from them for the chunk's q
     // heads (attention_dq_from_ds_sm90.cuh: kDsStages ring stages, three blocks per SM). The
     // chunks reuse the tiles' workspace in stream order.
-    const char* experiment = std::getenv("FVATTN_EXPERIMENT");  // EXPERIMENT: bulk dS stores
-    const bool bulk = experiment != nullptr && std::string(experiment) == "bulkds";
-    dkdv_launch(h, kind, params, D, dtype, bulk ? Dkdv::kStoresDsBulk : Dkdv::kStoresDs, units,
-                stream);
+    dkdv_launch(h, kind, params, D, dtype, Dkdv::kStoresDs, units, stream);
     launch("sm90", dq.c_str(), h.device, query_tile_launch(a, units * (a.Hq / a.Hkv), dq_smem),
            stream, params);
   }
