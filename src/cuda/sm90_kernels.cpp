@@ -227,14 +227,7 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
     // dK/dV storing the chunk's dS tiles (two blocks per SM), then dQ from them for the chunk's q
     // heads (attention_dq_from_ds_sm90.cuh: kDsStages ring stages, three blocks per SM). The
     // chunks reuse the tiles' workspace in stream order.
-    // EXPERIMENT (timing only, dQ is garbage): FVATTN_EXPERIMENT=ds_l2 sends every dS tile into
-    // a 1 MiB region (index = slot), which stays in L2.
-    const char* experiment = std::getenv("FVATTN_EXPERIMENT");
-    const bool ds_l2 = experiment != nullptr && std::string(experiment) == "ds_l2";
-    if (ds_l2) params.ds_q_tiles = 0, params.ds_slots = 1;
     dkdv_launch(h, kind, params, D, dtype, Dkdv::kStoresDs, units, stream);
-    params.ds_q_tiles = ds_q_tiles;
-    params.ds_slots = ds_slots;
     launch("sm90", dq.c_str(), h.device, query_tile_launch(a, units * (a.Hq / a.Hkv), dq_smem),
            stream, params);
   }
