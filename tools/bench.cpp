@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fvattn/fvattn.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -39,6 +40,7 @@ struct Result {
   double ms;
   double tflops;        // algorithmic
   double tflops_extra;  // QAT: executed; VSA: dense-equivalent; SDPA: 0
+  ClockStats clocks{};  // the SM clock and power over the timed calls (SDPA: none, its own process)
 };
 
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
@@ -73,7 +75,11 @@ AttnSet make_set(int64_t B, int64_t H, int64_t S, int64_t D, std::mt19937_64& rn
 }
 
 void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_64& rng,
-                 cudaStream_t stream, std::vector<Result>& out) {
+                 cudaStream_t stream, ClockSampler& clocks, std::vector<Result>& out) {
+  ClockStats seen;
+  auto timed = [&](const std::function<void(int)>& fn) {
+    return median_ms(stream, o.warmup, o.iters, fn, 4000.0, &clocks, &seen);
+  };
   const int64_t B = o.B, H = o.H, D = o.D;
   const int sets = rotation_sets(static_cast<size_t>(4 * B * H * S * D * 2));
   std::vector<AttnSet> a;
@@ -97,8 +103,8 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
     fva_check(fva_qat_forward(h, &cfg, &q, &k, &v, &oo, &oh, &l, ws.get(), fb, stream), "fva_qat_forward");
   };
   fmt::print(stderr, "bench S={}: QAT forward ...\n", S);
-  double ms = median_ms(stream, o.warmup, o.iters, qat_fwd);
-  out.push_back({"qat_forward", S, ms, dense / (ms * 1e9), 1.5 * dense / (ms * 1e9)});
+  double ms = timed(qat_fwd);
+  out.push_back({"qat_forward", S, ms, dense / (ms * 1e9), 1.5 * dense / (ms * 1e9), seen});
   for (int i = 0; i < sets; ++i) qat_fwd(i);  // o_hp and lse for the backward
   auto qat_bwd = [&](int i) {
     const AttnSet& s = a[static_cast<size_t>(i % sets)];
@@ -108,8 +114,8 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
               "fva_qat_backward");
   };
   fmt::print(stderr, "bench S={}: QAT backward ...\n", S);
-  ms = median_ms(stream, o.warmup, o.iters, qat_bwd);
-  out.push_back({"qat_backward", S, ms, 2.5 * dense / (ms * 1e9), 0.0});
+  ms = timed(qat_bwd);
+  out.push_back({"qat_backward", S, ms, 2.5 * dense / (ms * 1e9), 0.0, seen});
 
   // ---- VSA at the requested density: each q block lists top-k = nblocks * density kv blocks ----
   const int64_t nb = S / 64, topk = std::max<int64_t>(1, static_cast<int64_t>(nb * o.density));
@@ -144,8 +150,8 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
               "fva_vsa_forward");
   };
   fmt::print(stderr, "bench S={}: VSA forward (top-k {} of {} blocks) ...\n", S, topk, nb);
-  ms = median_ms(stream, o.warmup, o.iters, vsa_fwd);
-  out.push_back({"vsa_forward", S, ms, sparse / (ms * 1e9), sparse / density / (ms * 1e9)});
+  ms = timed(vsa_fwd);
+  out.push_back({"vsa_forward", S, ms, sparse / (ms * 1e9), sparse / density / (ms * 1e9), seen});
   for (int i = 0; i < sets; ++i) vsa_fwd(i);
   auto vsa_bwd = [&](int i) {
     const AttnSet& s = a[static_cast<size_t>(i % sets)];
@@ -156,8 +162,9 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
               "fva_vsa_backward");
   };
   fmt::print(stderr, "bench S={}: VSA backward ...\n", S);
-  ms = median_ms(stream, o.warmup, o.iters, vsa_bwd);
-  out.push_back({"vsa_backward", S, ms, 2.5 * sparse / (ms * 1e9), 2.5 * sparse / density / (ms * 1e9)});
+  ms = timed(vsa_bwd);
+  out.push_back({"vsa_backward", S, ms, 2.5 * sparse / (ms * 1e9), 2.5 * sparse / density / (ms * 1e9),
+                 seen});
 }
 
 // PyTorch's SDPA in a child process (tools/bench_sdpa.py); empty when PyTorch is not importable.
@@ -269,6 +276,11 @@ int cmd_bench(int argc, char** argv) {
   cudaStream_t stream;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   std::vector<Result> res;
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  ClockSampler clocks(device);
+  if (!clocks.valid())
+    fmt::print(stderr, "bench: NVML (libnvidia-ml.so.1) unavailable: no SM clock or power per op\n");
   for (const int32_t choice : {FVA_KERNELS_AUTO, FVA_KERNELS_PORTABLE}) {
     if ((choice == FVA_KERNELS_AUTO && kernels == "portable") ||
         (choice == FVA_KERNELS_PORTABLE && kernels == "auto"))
@@ -282,7 +294,7 @@ int cmd_bench(int argc, char** argv) {
     fva_check(fva_get_info(h, &info), "fva_get_info");
     std::mt19937_64 rng(12345);
     const size_t first = res.size();
-    for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, res);
+    for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, clocks, res);
     if (kernels == "both" && choice == FVA_KERNELS_PORTABLE)
       for (size_t i = first; i < res.size(); ++i) res[i].op += "/portable";
     fva_destroy(h);
@@ -297,12 +309,17 @@ int cmd_bench(int argc, char** argv) {
              "{} handles\n",
              info.device_name, info.sm_major, info.sm_minor, info.image, o.B, o.H, o.D, o.iters,
              o.warmup, deterministic ? "deterministic" : "default (not deterministic)");
-  fmt::print("{:<22} {:>7} {:>10} {:>9}  {}\n", "op", "S", "ms", "TFLOPS", "note");
+  // SM MHz and W: medians of NVML samples over the op's timed calls (the card lowers its clock
+  // when it reaches its power limit, so equal kernels can differ by their clocks).
+  auto num_or_dash = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.0f}", x); };
+  fmt::print("{:<22} {:>7} {:>10} {:>9} {:>7} {:>5}  {}\n", "op", "S", "ms", "TFLOPS", "SM MHz", "W",
+             "note");
   for (const Result& r : res) {
     std::string note;
     if (r.op.rfind("qat_forward", 0) == 0) note = fmt::format("executed (2 P·V): {:.1f} TFLOPS", r.tflops_extra);
     if (r.op.rfind("vsa", 0) == 0) note = fmt::format("dense-equivalent: {:.1f} TFLOPS", r.tflops_extra);
-    fmt::print("{:<22} {:>7} {:>10.3f} {:>9.1f}  {}\n", r.op, r.S, r.ms, r.tflops, note);
+    fmt::print("{:<22} {:>7} {:>10.3f} {:>9.1f} {:>7} {:>5}  {}\n", r.op, r.S, r.ms, r.tflops,
+               num_or_dash(r.clocks.sm_mhz_median), num_or_dash(r.clocks.watts_median), note);
   }
   if (!o.json_path.empty()) {
     FILE* f = std::fopen(o.json_path.c_str(), "w");
@@ -312,9 +329,16 @@ int cmd_bench(int argc, char** argv) {
     }
     fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, \"results\": [\n",
                info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic);
-    for (size_t i = 0; i < res.size(); ++i)
-      fmt::print(f, "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}}}{}\n",
-                 res[i].op, res[i].S, res[i].ms, res[i].tflops, res[i].tflops_extra, i + 1 < res.size() ? "," : "");
+    auto json_num = [](double x) { return std::isnan(x) ? std::string("null") : fmt::format("{:.0f}", x); };
+    for (size_t i = 0; i < res.size(); ++i) {
+      const Result& r = res[i];
+      fmt::print(f,
+                 "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}, "
+                 "\"sm_mhz_median\": {}, \"sm_mhz_min\": {}, \"power_w_median\": {}, \"clock_samples\": {}}}{}\n",
+                 r.op, r.S, r.ms, r.tflops, r.tflops_extra, json_num(r.clocks.sm_mhz_median),
+                 json_num(r.clocks.sm_mhz_min), json_num(r.clocks.watts_median), r.clocks.samples,
+                 i + 1 < res.size() ? "," : "");
+    }
     fmt::print(f, "]}}\n");
     std::fclose(f);
   }

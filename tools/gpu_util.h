@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_clocks.h"
 #include "tensor_desc.h"
 
 namespace fvtool {
@@ -72,8 +73,10 @@ using fvadesc::contiguous;
 // Median time in ms of up to `iters` calls of fn on `stream`, each bracketed by events, after
 // `warmup` untimed calls. fn(i) may rotate among input sets by i. Long calls are timed fewer times
 // (at least 5) so that one op takes about `budget_ms` at most.
+// With `clocks`, the timed calls (not the warm-up) run under its sampler and `stats` gets what it saw.
 inline double median_ms(cudaStream_t stream, int warmup, int iters, const std::function<void(int)>& fn,
-                        double budget_ms = 4000.0) {
+                        double budget_ms = 4000.0, ClockSampler* clocks = nullptr,
+                        ClockStats* stats = nullptr) {
   cudaEvent_t a, b;
   cuda_check(cudaEventCreate(&a), "cudaEventCreate");
   cuda_check(cudaEventCreate(&b), "cudaEventCreate");
@@ -90,12 +93,17 @@ inline double median_ms(cudaStream_t stream, int warmup, int iters, const std::f
   if (one > 0) iters = std::max(std::min(iters, 5), std::min(iters, static_cast<int>(budget_ms / one)));
   std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * iters));
   for (auto& e : ev) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+  if (clocks != nullptr) clocks->start();
   for (int i = 0; i < iters; ++i) {
     cuda_check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
     fn(warmup + i);
     cuda_check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
   }
   cuda_check(cudaStreamSynchronize(stream), "timed runs");
+  if (clocks != nullptr) {
+    const ClockStats seen = clocks->stop();
+    if (stats != nullptr) *stats = seen;
+  }
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
     float ms = 0;
