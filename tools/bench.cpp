@@ -40,7 +40,7 @@ struct Result {
   double ms;
   double tflops;        // algorithmic
   double tflops_extra;  // QAT: executed; VSA: dense-equivalent; SDPA: 0
-  ClockStats clocks{};  // the SM clock and power over the timed calls (SDPA: none, its own process)
+  ClockStats clocks{};  // the SM clock and power over the timed calls
 };
 
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
@@ -168,7 +168,9 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
 }
 
 // PyTorch's SDPA in a child process (tools/bench_sdpa.py); empty when PyTorch is not importable.
-std::vector<Result> run_sdpa(const BenchOptions& o) {
+// The script marks each timed loop ({"timing": "begin"} ... "end"), forward then backward per
+// shape, and `clocks` samples between the marks.
+std::vector<Result> run_sdpa(const BenchOptions& o, ClockSampler& clocks) {
   std::vector<Result> r;
   const char* env = std::getenv("FVATTN_BENCH_SDPA_SCRIPT");
   const std::string script = env ? env : FVATTN_SOURCE_DIR "/tools/bench_sdpa.py";
@@ -180,15 +182,29 @@ std::vector<Result> run_sdpa(const BenchOptions& o) {
   if (!p) return r;
   char line[4096];
   std::string log;
+  std::vector<ClockStats> loops;  // the timed loops' clocks since the last shape's line
   while (std::fgets(line, sizeof line, p)) {
+    if (std::strncmp(line, "{\"timing\": \"begin\"}", 19) == 0) {
+      clocks.start();
+      continue;
+    }
+    if (std::strncmp(line, "{\"timing\": \"end\"}", 17) == 0) {
+      loops.push_back(clocks.stop());
+      continue;
+    }
     long long S = 0;
     double f = 0, b = 0;
     char backend[32] = {0};
     if (std::sscanf(line, "{\"S\": %lld, \"fwd_ms\": %lf, \"bwd_ms\": %lf, \"backend\": \"%31[a-z]\"", &S, &f, &b,
                     backend) == 4) {
       const double dense = 4.0 * o.B * o.H * static_cast<double>(S) * S * o.D;
-      r.push_back({fmt::format("sdpa_{}_forward", backend), S, f, dense / (f * 1e9), 0.0});
-      r.push_back({fmt::format("sdpa_{}_backward", backend), S, b, 2.5 * dense / (b * 1e9), 0.0});
+      const ClockStats none{};
+      const ClockStats& fwd_clocks = loops.size() == 2 ? loops[0] : none;
+      const ClockStats& bwd_clocks = loops.size() == 2 ? loops[1] : none;
+      r.push_back({fmt::format("sdpa_{}_forward", backend), S, f, dense / (f * 1e9), 0.0, fwd_clocks});
+      r.push_back({fmt::format("sdpa_{}_backward", backend), S, b, 2.5 * dense / (b * 1e9), 0.0,
+                   bwd_clocks});
+      loops.clear();
     } else {
       log += line;
     }
@@ -301,7 +317,7 @@ int cmd_bench(int argc, char** argv) {
   }
   cudaStreamDestroy(stream);
   if (o.sdpa) {
-    const std::vector<Result> s = run_sdpa(o);
+    const std::vector<Result> s = run_sdpa(o, clocks);
     res.insert(res.end(), s.begin(), s.end());
   }
 

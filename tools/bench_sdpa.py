@@ -1,6 +1,8 @@
 """PyTorch's cuDNN SDPA (dense bf16) timed like `fvattn bench` times fvattn: CUDA events, warm-up,
 median, input sets rotated when they would fit in L2. Called by `fvattn bench`; prints one JSON
-object per shape on stdout: {"S": ..., "fwd_ms": ..., "bwd_ms": ..., "backend": ...}.
+object per shape on stdout: {"S": ..., "fwd_ms": ..., "bwd_ms": ..., "backend": ...}, and around
+each timed loop (forward, then backward) the markers {"timing": "begin"} and {"timing": "end"}, at
+which `fvattn bench` starts and stops sampling the SM clock and power.
 
 usage: bench_sdpa.py B H D S [S ...]
 """
@@ -15,11 +17,13 @@ def median_ms(fn, warmup, iters):
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    print(json.dumps({"timing": "begin"}), flush=True)
     for i in range(iters):
         starts[i].record()
         fn(warmup + i)
         ends[i].record()
     torch.cuda.synchronize()
+    print(json.dumps({"timing": "end"}), flush=True)
     t = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
     return t[len(t) // 2]
 
