@@ -327,7 +327,10 @@ int cmd_bench(int argc, char** argv) {
              o.warmup, deterministic ? "deterministic" : "default (not deterministic)");
   // SM MHz and W: medians of NVML samples over the op's timed calls (the card lowers its clock
   // when it reaches its power limit, so equal kernels can differ by their clocks).
-  auto num_or_dash = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.0f}", x); };
+  // A clock or power figure, or `missing` where NVML gave none.
+  auto whole_or = [](double x, const char* missing) {
+    return std::isnan(x) ? std::string(missing) : fmt::format("{:.0f}", x);
+  };
   fmt::print("{:<22} {:>7} {:>10} {:>9} {:>7} {:>5}  {}\n", "op", "S", "ms", "TFLOPS", "SM MHz", "W",
              "note");
   for (const Result& r : res) {
@@ -335,7 +338,7 @@ int cmd_bench(int argc, char** argv) {
     if (r.op.rfind("qat_forward", 0) == 0) note = fmt::format("executed (2 P·V): {:.1f} TFLOPS", r.tflops_extra);
     if (r.op.rfind("vsa", 0) == 0) note = fmt::format("dense-equivalent: {:.1f} TFLOPS", r.tflops_extra);
     fmt::print("{:<22} {:>7} {:>10.3f} {:>9.1f} {:>7} {:>5}  {}\n", r.op, r.S, r.ms, r.tflops,
-               num_or_dash(r.clocks.sm_mhz_median), num_or_dash(r.clocks.watts_median), note);
+               whole_or(r.clocks.sm_mhz_median, "-"), whole_or(r.clocks.watts_median, "-"), note);
   }
   if (!o.json_path.empty()) {
     FILE* f = std::fopen(o.json_path.c_str(), "w");
@@ -345,14 +348,14 @@ int cmd_bench(int argc, char** argv) {
     }
     fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, \"results\": [\n",
                info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic);
-    auto json_num = [](double x) { return std::isnan(x) ? std::string("null") : fmt::format("{:.0f}", x); };
     for (size_t i = 0; i < res.size(); ++i) {
       const Result& r = res[i];
       fmt::print(f,
                  "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}, "
                  "\"sm_mhz_median\": {}, \"sm_mhz_min\": {}, \"power_w_median\": {}, \"clock_samples\": {}}}{}\n",
-                 r.op, r.S, r.ms, r.tflops, r.tflops_extra, json_num(r.clocks.sm_mhz_median),
-                 json_num(r.clocks.sm_mhz_min), json_num(r.clocks.watts_median), r.clocks.samples,
+                 r.op, r.S, r.ms, r.tflops, r.tflops_extra, whole_or(r.clocks.sm_mhz_median, "null"),
+                 whole_or(r.clocks.sm_mhz_min, "null"), whole_or(r.clocks.watts_median, "null"),
+                 r.clocks.samples,
                  i + 1 < res.size() ? "," : "");
     }
     fmt::print(f, "]}}\n");

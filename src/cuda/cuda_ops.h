@@ -41,7 +41,7 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
 
 // The VSA backward's workspace depends on the handle: on sm_90a the dK/dV kernel stores every
 // listed pair's dS tile there for the dQ kernel (8 KiB a pair, in chunks of at most
-// FVATTN_DS_BUDGET_MIB, default 2048; sm90_kernels.h, sm90_stores_ds).
+// FVATTN_DS_BUDGET_MIB, default 2048; sm90_kernels.h, sm90_ds_chunks).
 size_t vsa_backward_workspace(const fva_handle& h, const cpu::VsaProblem& p);
 void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
