@@ -488,6 +488,20 @@ TEST_CASE("GPU VSA matches the CPU backend (ragged blocks, junk metadata, GQA)")
   }
 }
 
+// Longer lists (tens of kv blocks, several q blocks per head), with every irregularity of
+// make_vsa_inputs: the random cases above list at most eight blocks.
+TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
+  for (int rep = 0; rep < (quick() ? 1 : 3); ++rep) {
+    SUBCASE(("random #" + std::to_string(rep)).c_str()) {
+      VsaCase c = random_vsa_case();
+      c.nqb = uniform(5, 11);
+      c.nkv = uniform(24, 48);
+      c.max_k = uniform(8, c.nkv);
+      check_vsa_case(c);
+    }
+  }
+}
+
 namespace {
 
 // A VSA backward's gradients (as the case's tensors) and the workspace it asked for.
