@@ -12,11 +12,13 @@
 #include <fmt/format.h>
 #include <fvattn/fvattn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "commands.h"
@@ -30,6 +32,7 @@ struct BenchOptions {
   std::vector<int64_t> seqs = {4096, 16384, 32768};
   int warmup = 3, iters = 20;
   double density = 0.25;
+  bool local_lists = false;  // --lists local: video-like lists (vsa_lists)
   std::string json_path;
   bool sdpa = true;
 };
@@ -53,6 +56,66 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
     x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   }
   return v;
+}
+
+// VSA's q2k lists for `rows` (b, head) x nb q blocks, top-k each, ascending. Random (the default):
+// each q block picks topk of the nb kv blocks uniformly, so neighbouring q blocks share a quarter of
+// their picks at 25% density. Local (--lists local), a synthetic stand-in for video: the blocks are
+// tiles of a (t, y, x) grid, 8 x 8 tiles a frame when nb allows, and a q block picks the kv blocks
+// nearest to it in the grid (distance plus Gaussian noise of one tile), so neighbours share most.
+std::vector<int32_t> vsa_lists(int64_t rows, int64_t nb, int64_t topk, bool local,
+                               std::mt19937_64& rng) {
+  std::vector<int32_t> idx(static_cast<size_t>(rows * nb * topk));
+  std::vector<int32_t> all(static_cast<size_t>(nb));
+  int64_t side = 1;
+  for (int64_t s = 8; s > 1; s /= 2)
+    if (nb % (s * s) == 0) {
+      side = s;
+      break;
+    }
+  std::normal_distribution<double> noise;
+  std::vector<std::pair<double, int32_t>> score(static_cast<size_t>(nb));
+  for (int64_t r = 0; r < rows * nb; ++r) {
+    if (!local) {
+      for (int64_t i = 0; i < nb; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      std::shuffle(all.begin(), all.end(), rng);
+    } else {
+      const int64_t q = r % nb, qt = q / (side * side), qy = q / side % side, qx = q % side;
+      for (int64_t k = 0; k < nb; ++k) {
+        const double dt = static_cast<double>(k / (side * side) - qt);
+        const double dy = static_cast<double>(k / side % side - qy);
+        const double dx = static_cast<double>(k % side - qx);
+        score[static_cast<size_t>(k)] = {std::sqrt(dt * dt + dy * dy + dx * dx) + noise(rng),
+                                         static_cast<int32_t>(k)};
+      }
+      std::partial_sort(score.begin(), score.begin() + topk, score.end());
+      for (int64_t i = 0; i < topk; ++i) all[static_cast<size_t>(i)] = score[static_cast<size_t>(i)].second;
+    }
+    std::sort(all.begin(), all.begin() + topk);
+    std::copy(all.begin(), all.begin() + topk, idx.begin() + r * topk);
+  }
+  return idx;
+}
+
+// How much four consecutive q blocks' lists overlap: their union's size over the sum of their
+// lengths, averaged (1: nothing shared; 0.25: identical lists).
+double union_ratio(const std::vector<int32_t>& idx, int64_t rows, int64_t nb, int64_t topk) {
+  double sum = 0;
+  int64_t groups = 0;
+  std::vector<char> seen(static_cast<size_t>(nb));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t q0 = 0; q0 + 4 <= nb; q0 += 4, ++groups) {
+      std::fill(seen.begin(), seen.end(), 0);
+      int64_t n = 0;
+      for (int64_t q = q0; q < q0 + 4; ++q)
+        for (int64_t i = 0; i < topk; ++i) {
+          char& s = seen[static_cast<size_t>(idx[static_cast<size_t>((r * nb + q) * topk + i)])];
+          n += !s;
+          s = 1;
+        }
+      sum += static_cast<double>(n) / static_cast<double>(4 * topk);
+    }
+  return groups > 0 ? sum / static_cast<double>(groups) : 1.0;
 }
 
 // How many copies of a working set keep the rotation above 100 MiB (H200 L2: 50 MiB), at most 4.
@@ -119,14 +182,8 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
 
   // ---- VSA at the requested density: each q block lists top-k = nblocks * density kv blocks ----
   const int64_t nb = S / 64, topk = std::max<int64_t>(1, static_cast<int64_t>(nb * o.density));
-  std::vector<int32_t> idx(static_cast<size_t>(B * H * nb * topk)), num(static_cast<size_t>(B * H * nb), static_cast<int32_t>(topk));
-  std::vector<int32_t> all(static_cast<size_t>(nb));
-  for (int64_t i = 0; i < nb; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  for (int64_t r = 0; r < B * H * nb; ++r) {
-    std::shuffle(all.begin(), all.end(), rng);
-    std::sort(all.begin(), all.begin() + topk);
-    std::copy(all.begin(), all.begin() + topk, idx.begin() + r * topk);
-  }
+  const std::vector<int32_t> idx = vsa_lists(B * H, nb, topk, o.local_lists, rng);
+  const std::vector<int32_t> num(static_cast<size_t>(B * H * nb), static_cast<int32_t>(topk));
   DeviceArray didx(idx.size() * 4), dnum(num.size() * 4), dsizes(static_cast<size_t>(nb) * 4);
   didx.upload(idx);
   dnum.upload(num);
@@ -149,7 +206,11 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
     fva_check(fva_vsa_forward(h, &vcfg, &q, &k, &v, &ti, &tn, &ts, &oo, &l, nullptr, 0, stream),
               "fva_vsa_forward");
   };
-  fmt::print(stderr, "bench S={}: VSA forward (top-k {} of {} blocks) ...\n", S, topk, nb);
+  fmt::print(stderr,
+             "bench S={}: VSA forward (top-k {} of {} blocks, {} lists: 4 neighbours' union {:.0f}% "
+             "of their sum) ...\n",
+             S, topk, nb, o.local_lists ? "local" : "random",
+             100.0 * union_ratio(idx, B * H, nb, topk));
   ms = timed(vsa_fwd);
   out.push_back({"vsa_forward", S, ms, sparse / (ms * 1e9), sparse / density / (ms * 1e9), seen});
   for (int i = 0; i < sets; ++i) vsa_fwd(i);
@@ -251,10 +312,14 @@ int cmd_bench(int argc, char** argv) {
           "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
           "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
           "                    [--kernels auto|portable|both] [--deterministic]\n"
+          "                    [--lists random|local]\n"
           "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
           "             portable kernels' rows marked '/portable'\n"
           "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
-          "             runs its dQ kernel instead of dQ fused into dK/dV)\n");
+          "             runs its dQ kernel instead of dQ fused into dK/dV)\n"
+          "  --lists: VSA's q2k lists: random (the default; what issue 5's targets use) or\n"
+          "             local (video-like: each q block picks the kv blocks nearest it in a\n"
+          "             (t, y, x) tile grid, with noise; neighbours share most of their picks)\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -265,6 +330,13 @@ int cmd_bench(int argc, char** argv) {
       if (a == "--warmup") o.warmup = static_cast<int>(one[0]);
     } else if (a == "--density") {
       o.density = std::atof(next().c_str());
+    } else if (a == "--lists") {
+      const std::string v = next();
+      if (v != "random" && v != "local") {
+        fmt::print(stderr, "fvattn bench: --lists takes random or local\n");
+        return 2;
+      }
+      o.local_lists = v == "local";
     } else if (a == "--json") {
       o.json_path = next();
     } else if (a == "--no-sdpa") {
@@ -346,8 +418,10 @@ int cmd_bench(int argc, char** argv) {
       fmt::print(stderr, "fvattn bench: cannot write {}\n", o.json_path);
       return 1;
     }
-    fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, \"results\": [\n",
-               info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic);
+    fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, "
+               "\"vsa_density\": {}, \"vsa_lists\": \"{}\", \"results\": [\n",
+               info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic, o.density,
+               o.local_lists ? "local" : "random");
     for (size_t i = 0; i < res.size(); ++i) {
       const Result& r = res[i];
       fmt::print(f,
