@@ -67,6 +67,7 @@ std::vector<int32_t> vsa_lists(int64_t rows, int64_t nb, int64_t topk, bool loca
                                std::mt19937_64& rng) {
   std::vector<int32_t> idx(static_cast<size_t>(rows * nb * topk));
   std::vector<int32_t> all(static_cast<size_t>(nb));
+  for (int64_t i = 0; i < nb; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   int64_t side = 1;
   for (int64_t s = 8; s > 1; s /= 2)
     if (nb % (s * s) == 0) {
@@ -77,8 +78,7 @@ std::vector<int32_t> vsa_lists(int64_t rows, int64_t nb, int64_t topk, bool loca
   std::vector<std::pair<double, int32_t>> score(static_cast<size_t>(nb));
   for (int64_t r = 0; r < rows * nb; ++r) {
     if (!local) {
-      for (int64_t i = 0; i < nb; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-      std::shuffle(all.begin(), all.end(), rng);
+      std::shuffle(all.begin(), all.end(), rng);  // as before --lists: the same lists for a seed
     } else {
       const int64_t q = r % nb, qt = q / (side * side), qy = q / side % side, qx = q % side;
       for (int64_t k = 0; k < nb; ++k) {
