@@ -45,7 +45,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // warp's m16 tile, and gets p in their place. m: the running max of those two rows (updated);
 // alpha: each row's rescale of the output accumulators. kGroupMaxFirst (quad-shared block scales of
 // P, 32-key sub-tiles): `mine` gets the scale of the NVFP4 group this lane computes for the quad.
-template <int kNT, bool kGroupMaxFirst, bool kFusedExponent = true>
+//
+// kLazyRescale: m is a row's reference max rather than its running max. It moves (and alpha
+// differs from 1) only when the tile's max passes it by more than kLazyRescaleLog2, so p stays
+// below 2^kLazyRescaleLog2 and the accumulators are rescaled on few tiles, not on every tile that
+// raises some row's max (FlashAttention-4 does the same on Blackwell). o = acc / l and
+// lse = m + log2(l) hold for any reference, so only rounding changes: p's relative rounding in
+// bf16 and fp32 does not depend on its scale. Not for a quantized P: FQ_P's E4M3 scales are
+// defined for p <= 1 relative to the running max (SPEC.md section 2).
+constexpr float kLazyRescaleLog2 = 8.0f;
+template <int kNT, bool kGroupMaxFirst, bool kLazyRescale = false>
 __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (&m)[2],
                                                      float (&alpha)[2], float scale_log2,
                                                      Nvfp4Group& mine) {
@@ -57,7 +66,7 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
   // score's exponent: its scale can be computed before, and beside, the group's exponentials.
   float group_max[4];
   if constexpr (kGroupMaxFirst) {
-    static_assert(kNT == 4 && kFusedExponent, "quad-shared scales: 32-key sub-tiles, FMA exponent");
+    static_assert(kNT == 4, "quad-shared scales: 32-key sub-tiles");
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
@@ -81,10 +90,14 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
   float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], __fmul_rn(mx[r], scale_log2));
+    const float row_max = __fmul_rn(mx[r], scale_log2);
+    // Lazy: keep the reference while the row stays within 2^kLazyRescaleLog2 of it (-inf <= -inf
+    // keeps a row whose keys are all masked so far at -inf; a NaN takes the exact path).
+    const bool keep = kLazyRescale && row_max <= m[r] + kLazyRescaleLog2;
+    const float m_new = keep ? m[r] : fmaxf(m[r], row_max);
     // All logits -inf (VSA: every key masked so far): p = 0, not 2^(-inf + inf).
     m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
-    alpha[r] = fast_exp2(m[r] - m_use[r]);
+    alpha[r] = keep ? 1.0f : fast_exp2(m[r] - m_use[r]);
     m[r] = m_new;
   }
 
@@ -95,19 +108,13 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
     mine = nvfp4_block_group(fast_exp2(fmaf(group_max[0], scale_log2, neg_m)));
   }
 
-  // p = 2^(s * scale * log2e - m), relative to the running max (not rounded yet). The exponent is
-  // one FMA (one rounding where the CPU reference rounds the product and then the difference: p
-  // moves by an ulp at most); kFusedExponent = false keeps the two steps for a kernel at its
-  // register cap, where the FMA form made ptxas spill (the compact VSA forward: 12 bytes).
+  // p = 2^(s * scale * log2e - m), relative to the running (or reference) max, not rounded yet.
+  // The exponent is one FMA (one rounding where the CPU reference rounds the product and then the
+  // difference: p moves by an ulp at most).
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if constexpr (kFusedExponent)
-        s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
-      else
-        s[j][e] = fast_exp2(__fmul_rn(s[j][e], scale_log2) - m_use[e >> 1]);
-    }
+    for (int e = 0; e < 4; ++e) s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
 }
 
 // Phase 2: p (phase 1's) as the A operands of the kNT / 2 k16 steps of P·V: a_hp
@@ -184,8 +191,8 @@ __device__ __forceinline__ void quantize_p_operands(const float (&p)[kNT][4],
 // One step: s (scores, masked) -> m, l (updated), alpha, and the P operands, as above.
 // kSumRows = false: l is left alone, the caller keeps the rows' sums (the sm_90a QAT forward sums
 // a_hp by wgmma against a tile of ones, beside P·V, and rescales them with o).
-template <typename T, int kNT, bool kQuantizeP, bool kFusedExponent = true, bool kSumRows = true,
-          typename SecondLevelOf>
+template <typename T, int kNT, bool kQuantizeP, bool kSumRows = true,
+          bool kLazyRescale = false, typename SecondLevelOf>
 __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], float (&m)[2],
                                                     float (&l)[2], float (&alpha)[2],
                                                     float scale_log2, uint32_t (&a_hp)[kNT / 2][4],
@@ -199,7 +206,8 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 #pragma unroll
     for (int e = 0; e < 4; ++e) p[j][e] = s[j][e];
   Nvfp4Group mine{};
-  softmax_exponentials<kNT, kGroupMaxFirst, kFusedExponent>(p, m, alpha, scale_log2, mine);
+  static_assert(!(kLazyRescale && kQuantizeP), "FQ_P needs p relative to the running max");
+  softmax_exponentials<kNT, kGroupMaxFirst, kLazyRescale>(p, m, alpha, scale_log2, mine);
   pack_p_operands<T, kNT>(p, a_hp);
   // l: the sum of the fp32 p (FastVideo's QAT kernel sums p rounded to the dtype; the two differ
   // by the dtype's rounding errors, unbiased and averaging out, well under 2^-9 of l: unpacking

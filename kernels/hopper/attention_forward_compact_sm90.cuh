@@ -3,6 +3,9 @@
 // and walks its q2k list, so the list is the schedule:
 //     S = Q Kᵀ (wgmma, shared-memory operands) -> ragged mask -> online softmax -> o += P·V (wgmma,
 //     P from registers, V in shared memory)
+// The softmax rescales lazily (online_softmax.cuh): o and l are rescaled only when a row's max
+// passes its reference by more than 2^8, not whenever some row's max rises (+3-4% on the H200,
+// docs/perf.md session 12), which also freed the registers for the one-FMA exponent.
 // The loads need no pipeline of their own: thread 0 issues the TMA for the next listed block's K as
 // soon as this block's S has read K, and the next V once P·V has read V, so each load runs under
 // the softmax or the next S. The overlap of one q block's softmax with tensor-core work comes from
@@ -91,10 +94,11 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
           if (j * 8 + 2 * t + (e & 1) >= n_valid) s[j][e] = Schedule::kMaskedLogit;
     }
     float alpha[2];
-    online_softmax_step<T, kNT, false, false>(s, m, l, alpha, p.scale_log2, a_hp, a_none,
-                                       BlockScalesOnly{});
-    // Skipped when no row of the warpgroup raised its max (alpha exactly 1); the vote is the
-    // warpgroup's so that every warp reaches the P·V below at the same instruction.
+    online_softmax_step<T, kNT, /*kQuantizeP=*/false, /*kSumRows=*/true, /*kLazyRescale=*/true>(
+        s, m, l, alpha, p.scale_log2, a_hp, a_none, BlockScalesOnly{});
+    // Skipped when no row of the warpgroup moved its reference max (alpha exactly 1): with the
+    // lazy rescale, rarely after a list's first tile. The vote is the warpgroup's so that every
+    // warp reaches the P·V below at the same instruction.
     if (warpgroup_any(alpha[0] != 1.0f || alpha[1] != 1.0f, 2)) {
       fence_registers(o);
 #pragma unroll

@@ -206,7 +206,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       for (int e = 0; e < 4; ++e) ss[j][e] = s[sub * kNT + j][e];
     auto& hp = reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_hp[sub * (kNT / 2)]);
     auto& qq = reinterpret_cast<uint32_t(&)[kQuantizeP ? kNT / 2 : 1][4]>(a_q[kQuantizeP ? sub * (kNT / 2) : 0]);
-    online_softmax_step<T, kNT, kQuantizeP, /*kFusedExponent=*/true, /*kSumRows=*/false>(
+    online_softmax_step<T, kNT, kQuantizeP, /*kSumRows=*/false>(
         ss, m, l, alpha, p.scale_log2, hp, qq, BlockScalesQuadShared{});
   };
 

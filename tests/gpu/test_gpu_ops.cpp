@@ -269,6 +269,9 @@ struct VsaCase {
   int64_t B, Hq, Hkv, nqb, nkv, max_k, D;
   int32_t dtype;
   Layout layout;
+  // > 1: each kv block's keys scaled by its own gain, log-uniform in [1, key_gain], so that the
+  // scores of a list's blocks differ by far more than the forward's lazy-rescale threshold (2^8).
+  double key_gain = 1.0;
 };
 
 struct VsaInputs {
@@ -287,7 +290,14 @@ VsaInputs make_vsa_inputs(const VsaCase& c) {
               HostTensor(FVA_DTYPE_I32, {c.B, c.Hq, c.nqb}),
               HostTensor(FVA_DTYPE_I32, {c.nkv})};
   t.q.fill(normal_values(t.q.numel()));
-  t.k.fill(normal_values(t.k.numel()));
+  std::vector<double> k = normal_values(t.k.numel());
+  if (c.key_gain > 1.0) {
+    std::vector<double> gain(static_cast<size_t>(c.nkv));
+    std::uniform_real_distribution<double> log_gain(0.0, std::log(c.key_gain));
+    for (double& g : gain) g = std::exp(log_gain(rng()));
+    for (size_t i = 0; i < k.size(); ++i) k[i] *= gain[(i / c.D) % Skv / 64];  // logical [B,H,S,D]
+  }
+  t.k.fill(k);
   t.v.fill(normal_values(t.v.numel()));
   t.dout.fill(normal_values(t.dout.numel()));
   std::vector<int32_t> sizes(static_cast<size_t>(c.nkv));
@@ -325,7 +335,8 @@ std::string describe(const VsaCase& c) {
   return "VSA B" + std::to_string(c.B) + " Hq" + std::to_string(c.Hq) + " Hkv" +
          std::to_string(c.Hkv) + " nqb" + std::to_string(c.nqb) + " nkv" + std::to_string(c.nkv) +
          " max_k" + std::to_string(c.max_k) + " D" + std::to_string(c.D) + " " + dtype_name(c.dtype) +
-         (c.layout == Layout::BSHD ? " BSHD" : " BHSD");
+         (c.layout == Layout::BSHD ? " BSHD" : " BHSD") +
+         (c.key_gain > 1.0 ? " key gains up to " + std::to_string(c.key_gain) : "");
 }
 
 void check_vsa_case(const VsaCase& c) {
@@ -497,6 +508,22 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
       c.nqb = uniform(5, 11);
       c.nkv = uniform(24, 48);
       c.max_k = uniform(8, c.nkv);
+      check_vsa_case(c);
+    }
+  }
+}
+
+// Scores that jump between a list's blocks by far more than 2^8 (the forward's lazy rescale): rows
+// whose later blocks score higher move their reference max, rows whose later blocks score lower
+// keep it.
+TEST_CASE("GPU VSA matches the CPU backend when kv blocks' scores differ by orders of magnitude") {
+  for (int rep = 0; rep < (quick() ? 1 : 3); ++rep) {
+    SUBCASE(("random #" + std::to_string(rep)).c_str()) {
+      VsaCase c = random_vsa_case();
+      c.nqb = uniform(2, 6);
+      c.nkv = uniform(8, 24);
+      c.max_k = uniform(4, c.nkv);
+      c.key_gain = 24.0;
       check_vsa_case(c);
     }
   }
