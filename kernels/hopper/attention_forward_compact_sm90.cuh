@@ -4,7 +4,7 @@
 //     S = Q Kᵀ (wgmma, shared-memory operands) -> ragged mask -> online softmax -> o += P·V (wgmma,
 //     P from registers, V in shared memory)
 // The softmax rescales lazily (online_softmax.cuh): o and l are rescaled only when a row's max
-// passes its reference by more than 2^8, not whenever some row's max rises (+3-4% on the H200,
+// passes its reference by more than 2^8, not whenever some row's max rises (+3-5% on the H200,
 // docs/perf.md session 12), which also freed the registers for the one-FMA exponent.
 // The loads need no pipeline of their own: thread 0 issues the TMA for the next listed block's K as
 // soon as this block's S has read K, and the next V once P·V has read V, so each load runs under
