@@ -56,7 +56,8 @@ struct BackwardLayout {
   static constexpr int kDs = kQ + 2 * kStages * kTileBytes;
   static constexpr int kOnes = kDs + (kFuseDq ? 2 * kConsumers * kRegionBytes : 0);
   static constexpr int kRowStats = kOnes + (kFuseDq ? 2048 : 0);  // stage s: lse[64], Delta[64]
-  static constexpr int kBarriers = kRowStats + kStages * 2 * 64 * 4;
+  static constexpr int kTiles = kRowStats + kStages * 2 * 64 * 4;  // stage s: its StagedTile
+  static constexpr int kBarriers = kTiles + kStages * 16;
   static_assert(kern::sm90_dkdv_smem_bytes(D, kStages, kFuseDq) ==
                     kBarriers + 8 * (1 + 2 * kStages + (kFuseDq ? 4 : 0)),
                 "host and device disagree on the shared-memory layout");
@@ -77,6 +78,17 @@ __device__ __forceinline__ void store_ds_transposed(uint32_t tile, const uint32_
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a[step][i]) : "memory");
     }
 }
+
+// A query tile as the producer hands it to the consumers, beside its lse and Delta in the stage:
+// the schedule's cursor reduced to what the consumers use. The consumers read it from shared
+// memory instead of walking the schedule themselves: VSA's cursor reads the inverse lists (four
+// dependent global loads per tile), which delayed each tile's first product in the consumer
+// (about a tenth of the kernel's stall samples, tools/device/sass_hotspots.sh, session 13); the
+// producer runs stages ahead, so the loads cost it nothing. head < 0 ends the stream.
+struct StagedTile {
+  int head, row0, slot, unused;
+  __device__ __forceinline__ bool valid() const { return head >= 0; }
+};
 
 // The schedule's 32-row query tiles, visited in pairs: a 64-row tile per even row0 (both schedules
 // list a tile's two halves one after the other, the first at a multiple of 64).
@@ -148,6 +160,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // Per stage, lse and Delta of the tile's 64 rows (-inf and 0 past Sq), written by the producer's
   // first warp with plain stores; its 32 arrivals (release) join the TMA's on the full barrier.
   float* row_stats = reinterpret_cast<float*>(smem + L::kRowStats);
+  StagedTile* staged = reinterpret_cast<StagedTile*>(smem + L::kTiles);
 
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 1);
@@ -214,9 +227,18 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
           stats[lane + 32 * i] = lse[i];
           stats[64 + lane + 32 * i] = delta[i];
         }
+        if (lane == 0) staged[stage] = StagedTile{c.head, c.row0, sched.ds_slot(c), 0};
         mbar_arrive(bar_full(stage));
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
+      // The end of the stream: a stage without loads whose tile is not valid (lane 0's plain
+      // arrival stands for the TMA's).
+      mbar_wait(bar_empty(stage), phase ^ 1);
+      if (lane == 0) {
+        staged[stage] = StagedTile{-1, 0, 0, 0};
+        mbar_arrive(bar_full(stage));
+      }
+      mbar_arrive(bar_full(stage));
     }
     return;
   }
@@ -237,7 +259,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // kFuseDq: the query tiles this consumer has finished, and the last one's cursor (its dQ part
   // runs one tile late, see below).
   [[maybe_unused]] int done = 0;
-  [[maybe_unused]] typename Schedule::Cursor last{};
+  [[maybe_unused]] StagedTile last{-1, 0, 0, 0};
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -300,7 +322,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     }
     wgmma_commit();
   };
-  [[maybe_unused]] auto finish_dq = [&](const typename Schedule::Cursor& q) {
+  [[maybe_unused]] auto finish_dq = [&](const StagedTile& q) {
     fence_registers(dq);
     fence_registers(ds_sum);
     const int bhq = b * p.Hq + q.head, q_tile_index = q.row0 / 64;  // the query tile's (b, h)
@@ -325,8 +347,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
       ds_pending = -1;
     }
   };
-  for (auto c = tiles.first(); c.valid(); c = tiles.next(c)) {
+  for (;;) {
     mbar_wait(bar_full(stage), phase);
+    const StagedTile c = staged[stage];
+    if (!c.valid()) break;
     wgmma_fence();
     wgmma_tiles_abt<T, D>(st_flat, k_tile, q_tile(stage));
     wgmma_commit();
@@ -444,7 +468,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
         // kDeferDs, during the next tile.
         const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
                              static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
-        const int64_t index = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
+        const int64_t index = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + c.slot;
         if constexpr (kDeferDs) {
           ds_pending = index;
         } else {

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A/B of two source trees in one device call, ON THE GPU MACHINE from the repo root, after
+# `GPU_CHECK_STEPS=build tools/gpu-check` has built this checkout into build-gpu ("new"). The
+# baseline ("base") is this checkout with BASE_PATCH reversed (make it here with
+# `git diff <base commit> -- kernels src > ab-base.patch`, left untracked so that the device tool
+# carries it), built beside it without tests or bindings. The benches then alternate, base first,
+# ROUNDS times (default 2), on the same card in the same power state, and a table of TFLOPS (and
+# the SM clock) per op and length comes last. Unlike tools/device/experiments.sh, the variants
+# need no runtime switch in the library.
+#   BASE_PATCH (required), ROUNDS, BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/fvattn-ab}
+mkdir -p "$OUT"
+patch_file=$(realpath "${BASE_PATCH:?BASE_PATCH: a patch from the base to this checkout}")
+bench_args=${BENCH_ARGS:---seq 16384,32768 --no-sdpa}
+base=/tmp/fvattn-ab-base
+deps="$(pwd)/.device-deps/usr"
+rm -rf "$base" && mkdir -p "$base"
+tar --exclude=./build-gpu --exclude='./build-*' --exclude=./.git -cf - . | tar -C "$base" -xf -
+if ! (cd "$base" && patch -s -p1 -R < "$patch_file"); then
+  echo "ab: $patch_file does not reverse onto this checkout"; exit 1
+fi
+if ! { cmake -S "$base" -B "$base/build-gpu" -G Ninja -DFVATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+         -DFVATTN_BUILD_TESTS=OFF -DFVATTN_BINDINGS=OFF \
+         -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest" &&
+       cmake --build "$base/build-gpu" -j "$(nproc)"; } > "$OUT/ab-base-build.log" 2>&1; then
+  tail -n 20 "$OUT/ab-base-build.log"; echo "ab: the base did not build"; exit 1
+fi
+for r in $(seq "${ROUNDS:-2}"); do
+  for v in base new; do
+    bin=build-gpu/tools/fvattn
+    [ $v = base ] && bin=$base/build-gpu/tools/fvattn
+    timeout 300 "$bin" bench --json "$OUT/ab-$v-$r.json" $bench_args > "$OUT/ab-$v-$r.log" 2>&1 ||
+      echo "ab: $v round $r failed (rc $?), see ab-$v-$r.log"
+  done
+done
+python3 - "$OUT" "${ROUNDS:-2}" <<'PY'
+import json, os, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+cells = {}
+for r in range(1, rounds + 1):
+    for v in ("base", "new"):
+        path = os.path.join(out, f"ab-{v}-{r}.json")
+        if not os.path.exists(path):
+            continue
+        for x in json.load(open(path))["results"]:
+            cells.setdefault((x["op"], x["S"]), {}).setdefault(v, []).append(
+                f"{x['tflops']:.1f}@{x.get('sm_mhz_median', 0)}")
+print(f"{'op':22s} {'S':>6s}  {'base (TFLOPS@MHz, by round)':34s} new")
+for (op, s), v in cells.items():
+    print(f"{op:22s} {s:6d}  {', '.join(v.get('base', [])):34s} {', '.join(v.get('new', []))}")
+PY
