@@ -58,10 +58,7 @@ __global__ void __launch_bounds__(128, mode == 3 ? 3 : 4) probe(int iters, float
     if constexpr (mode == 3) {
       wgmma_fence();
       wgmma_tiles_abt<T, D>(s, q_tile, k_tile);
-      const uint64_t b_desc = smem_descriptor(v_tile, 64 * 128, 1024);
-#pragma unroll
-      for (int step = 0; step < 4; ++step)
-        wgmma_rs_mn<T, D>(o, a[step], smem_descriptor_advance(b_desc, step * 2048));
+      wgmma_rs_tile_steps<T, D>(o, a, v_tile);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(s);
