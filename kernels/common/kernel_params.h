@@ -144,6 +144,11 @@ constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
   return (query_tiles + 2 * stages) * 64 * D * 2 + 1024 + 2048;
 }
 
+// Rows per warp of the Delta pre-pass (common/attention_backward.cuh, attention_delta): each lane
+// reads 8 elements (16 bytes) of o and of dO, so a row of D takes D / 8 lanes; the host launches
+// 128-thread blocks of 4 warps.
+constexpr int delta_rows_per_warp(int D) { return 32 / (D / 8); }
+
 // sm_90a compact kernels (one warpgroup per block, hopper/compact_tiles_sm90.cuh): `tiles` tiles
 // and three mbarriers. The VSA forward: Q, K, V; the VSA dQ: Q, dO, K, V.
 constexpr int sm90_compact_smem_bytes(int D, int tiles) { return tiles * 64 * D * 2 + 3 * 8; }

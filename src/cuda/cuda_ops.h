@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "common/kernel_params.h"
 #include "cpu/cpu_ops.h"
 #include "fvattn/fvattn.h"
 #include "handle.h"
@@ -48,6 +49,10 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
+                  void* stream);
+
+// Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel).
+void launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64_t D, int32_t dtype,
                   void* stream);
 
 size_t vsa_invert_indices_workspace(const cpu::VsaIndexProblem& p);

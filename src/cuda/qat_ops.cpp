@@ -231,6 +231,15 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   launch("qat", name.c_str(), h.device, l, stream, a);
 }
 
+void launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64_t D, int32_t dtype,
+                  void* stream) {
+  Launch l;  // 128 threads: 4 warps
+  l.grid_x = blocks_for(static_cast<int64_t>(a.B) * a.Hq * a.Sq,
+                        4 * kern::delta_rows_per_warp(static_cast<int>(D)));
+  launch("prep", fmt::format("fva_delta_{}_d{}", dtype_suffix(dtype), D).c_str(), h.device, l,
+         stream, a);
+}
+
 void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o_for_bwd,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,
@@ -252,9 +261,8 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   a.quantize_p = backward_quantizes_p(p) ? 1 : 0;
   const char* sfx = dtype_suffix(q.dtype);
 
-  Launch l;
-  l.grid_x = blocks_for(p.B * p.Hq * p.Sq, 4);  // a warp per row
-  launch("prep", fmt::format("fva_delta_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+  launch_delta(h, a, p.D, q.dtype, stream);
+  Launch l;  // the portable kernels' (below)
 
   // sm_90: the Hopper-native dQ, and dK/dV where it covers the P scale mode.
   kern::Sm90BackwardParams native;

@@ -198,9 +198,7 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   a.vsa.inv_entries = buf.inverse.entries;
   a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
 
-  Launch l;
-  l.grid_x = blocks_for(static_cast<int64_t>(a.B) * a.Hq * a.Sq, 4);
-  launch("prep", fmt::format("fva_delta_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+  launch_delta(h, a, p.D, q.dtype, stream);
 
   // sm_90: the Hopper-native dQ and dK/dV where they cover the call.
   kern::Sm90BackwardParams native;
@@ -215,6 +213,7 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
     sm90_dkdv_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
     return;
   }
+  Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
   l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
