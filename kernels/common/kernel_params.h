@@ -129,13 +129,6 @@ struct InvertParams {
   int64_t k2q_num_stride_b, k2q_num_stride_h, k2q_num_stride_kv;
 };
 
-// fva_vsa_invert_unit (kernels/vsa/vsa_invert.cu): 1024 threads per unit, its kv blocks' counts and
-// fill cursors in shared memory. The host runs it where this fits the default 48 KiB.
-constexpr int kVsaInvertUnitThreads = 1024;
-constexpr long long vsa_invert_unit_smem_bytes(long long num_kv_blocks) {
-  return 2 * 4 * num_kv_blocks;
-}
-
 // Dynamic shared memory of the attention kernels (one formula for the host and the kernels).
 constexpr int forward_smem_bytes(int D) { return 5 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K[2], V[2], slots
 constexpr int forward_2warp_smem_bytes(int D) { return 3 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K, V, slots

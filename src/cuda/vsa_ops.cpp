@@ -4,8 +4,6 @@
 // src/cpu/vsa_common.h themselves.
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "cuda_ops.h"
@@ -73,18 +71,7 @@ InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t ma
   return b;
 }
 
-// FVATTN_VSA_INVERSE=steps runs steps 1-4 of the inverse as four kernels even where the one-kernel
-// form fits (the tests run both; no other use).
-bool inverse_in_steps() {
-  const char* env = std::getenv("FVATTN_VSA_INVERSE");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "unit") == 0) return false;
-  if (std::strcmp(env, "steps") == 0) return true;
-  fail(FVA_ERR_INVALID_ARGUMENT, "FVATTN_VSA_INVERSE='{}': expected 'unit' (the default) or 'steps'",
-       env);
-}
-
-// Launches steps 1-5 of kernels/vsa/vsa_invert.cu (and 6 when ip.k2q_idx is set): steps 1-4 in one
-// kernel where a unit's counters fit in shared memory, else in four.
+// Launches steps 1-5 of kernels/vsa/vsa_invert.cu (and 6 when ip.k2q_idx is set).
 void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuffers& b,
                    void* stream) {
   ip.counts = b.counts;
@@ -96,25 +83,15 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   const int64_t per_kv = units * ip.lists.num_kv_blocks;
   const int64_t per_entry = units * ip.lists.num_q_blocks * ip.lists.max_k;
   Launch l;
-  const long long unit_smem = kern::vsa_invert_unit_smem_bytes(ip.lists.num_kv_blocks);
-  if (unit_smem <= 48 * 1024 && units <= 0x7fffffff && !inverse_in_steps()) {
-    l.block = kern::kVsaInvertUnitThreads;  // steps 1-4, a block per unit
-    l.grid_x = static_cast<unsigned>(units);
-    l.smem = static_cast<size_t>(unit_smem);
-    launch("vsa", "fva_vsa_invert_unit", h.device, l, stream, ip);
-    l.smem = 0;
-  } else {
-    l.block = 256;
-    l.grid_x = std::min<unsigned>(blocks_for(per_kv, 256), 65535u);
-    launch("vsa", "fva_vsa_invert_zero", h.device, l, stream, ip);
-    l.grid_x = blocks_for(per_entry, 256);
-    launch("vsa", "fva_vsa_invert_count", h.device, l, stream, ip);
-    l.grid_x = blocks_for(units * 32, 256);  // a warp per unit
-    launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
-    l.grid_x = blocks_for(per_entry, 256);
-    launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
-  }
   l.block = 256;
+  l.grid_x = std::min<unsigned>(blocks_for(per_kv, 256), 65535u);
+  launch("vsa", "fva_vsa_invert_zero", h.device, l, stream, ip);
+  l.grid_x = blocks_for(per_entry, 256);
+  launch("vsa", "fva_vsa_invert_count", h.device, l, stream, ip);
+  l.grid_x = blocks_for(units * 32, 256);  // a warp per unit
+  launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
+  l.grid_x = blocks_for(per_entry, 256);
+  launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
   l.grid_x = blocks_for(per_kv * 32, 256);  // a warp per segment
   launch("vsa", "fva_vsa_invert_sort", h.device, l, stream, ip);
   l.grid_x = blocks_for(per_kv, 256);
