@@ -84,9 +84,11 @@ __device__ __forceinline__ void store_ds_transposed(uint32_t tile, const uint32_
 // memory instead of walking the schedule themselves: VSA's cursor reads the inverse lists (four
 // dependent global loads per tile), which delayed each tile's first product in the consumer
 // (about a tenth of the kernel's stall samples, tools/device/sass_hotspots.sh, session 13); the
-// producer runs stages ahead, so the loads cost it nothing. head < 0 ends the stream.
+// producer runs stages ahead, so the loads cost it nothing. head < 0 ends the stream. ds_tile
+// (kStoreDs): the pair's dS tile in P.ds_tiles, whose index arithmetic the producer does too.
 struct StagedTile {
-  int head, row0, slot, unused;
+  int head, row0;
+  int64_t ds_tile;
   __device__ __forceinline__ bool valid() const { return head >= 0; }
 };
 
@@ -227,7 +229,16 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
           stats[lane + 32 * i] = lse[i];
           stats[64 + lane + 32 * i] = delta[i];
         }
-        if (lane == 0) staged[stage] = StagedTile{c.head, c.row0, sched.ds_slot(c), 0};
+        if (lane == 0) {
+          int64_t ds_tile = 0;
+          if constexpr (kStoreDs) {
+            // The pair's tile (chunk-local q unit, query tile, slot).
+            const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
+                                 static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
+            ds_tile = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
+          }
+          staged[stage] = StagedTile{c.head, c.row0, ds_tile};
+        }
         mbar_arrive(bar_full(stage));
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
@@ -235,7 +246,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
       // arrival stands for the TMA's).
       mbar_wait(bar_empty(stage), phase ^ 1);
       if (lane == 0) {
-        staged[stage] = StagedTile{-1, 0, 0, 0};
+        staged[stage] = StagedTile{-1, 0, 0};
         mbar_arrive(bar_full(stage));
       }
       mbar_arrive(bar_full(stage));
@@ -259,7 +270,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // kFuseDq: the query tiles this consumer has finished, and the last one's cursor (its dQ part
   // runs one tile late, see below).
   [[maybe_unused]] int done = 0;
-  [[maybe_unused]] StagedTile last{-1, 0, 0, 0};
+  [[maybe_unused]] StagedTile last{-1, 0, 0};
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -365,18 +376,23 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     wgmma_fence();
     wgmma_tiles_abt<T, D>(dpt_flat, v_tile, do_tile(stage));
     wgmma_commit();
+    // The tile's lse, read while Sᵀ finishes: loaded after the wait, the first exponential waited
+    // for them (5% of the dkdvs' stall samples, tools/device/sass_hotspots.sh).
+    const float* stats = row_stats + stage * 128;
+    float2 lse_of[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) lse_of[j] = *reinterpret_cast<const float2*>(stats + j * 8 + 2 * t);
     wgmma_wait<1>();  // Sᵀ (dPᵀ stays in flight)
     fence_registers(st_flat);
 
     // Pᵀ (masked entries 0); this thread's query columns of the tile are 8j + 2t + {0, 1}. A tile
     // the schedule says is wholly visible (kAllVisible) is compiled without the per-element checks
     // (about 5 integer and predicate instructions per element).
-    const float* stats = row_stats + stage * 128;
     auto probabilities = [&](auto all_visible) {
       constexpr bool kAllVisible = decltype(all_visible)::value;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float2 lse = *reinterpret_cast<const float2*>(stats + j * 8 + 2 * t);
+        const float2 lse = lse_of[j];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = j * 8 + 2 * t + (e & 1), row = c.row0 + col;
@@ -464,11 +480,9 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     } else {
       issue_dv_dk();
       if constexpr (kStoreDs) {
-        // The pair's tile (chunk-local q unit, query tile, slot), stored now (under dV and dK) or,
-        // kDeferDs, during the next tile.
-        const int64_t unit = static_cast<int64_t>(b) * p.Hq + c.head -
-                             static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
-        const int64_t index = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + c.slot;
+        // The pair's tile (the producer's index), stored now (under dV and dK) or, kDeferDs,
+        // during the next tile.
+        const int64_t index = c.ds_tile;
         if constexpr (kDeferDs) {
           ds_pending = index;
         } else {
