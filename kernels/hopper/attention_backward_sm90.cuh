@@ -267,7 +267,7 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   const int n_keys = keys.valid_keys();
   const uint32_t k_tile = base + L::kK + consumer * L::kTileBytes;
   const uint32_t v_tile = base + L::kV + consumer * L::kTileBytes;
-  // kFuseDq: the query tiles this consumer has finished, and the last one's cursor (its dQ part
+  // kFuseDq: the query tiles this consumer has finished, and the last one (its dQ part
   // runs one tile late, see below).
   [[maybe_unused]] int done = 0;
   [[maybe_unused]] StagedTile last{-1, 0, 0};
