@@ -34,7 +34,8 @@ hdr = rows[hdr_i]
 src = hdr.index("Source")
 ex = next(i for i, c in enumerate(hdr) if c.startswith("Instructions Executed"))
 samp = next((i for i, c in enumerate(hdr) if c.startswith("Warp Stall Sampling (All")), None)
-stall_cols = [i for i, c in enumerate(hdr) if c.startswith("stall_") or c.startswith("Stall ")]
+# Per-reason samples; ncu also prints each reason's "(Not Issued)" part, left out here.
+stall_cols = [i for i, c in enumerate(hdr) if c.startswith("stall_") and "Not Issued" not in c]
 def num(s):
     try: return float(s.replace(",", ""))
     except ValueError: return 0.0
@@ -57,9 +58,17 @@ print(f"== {tag}: {total:.4g} warp instructions, {total / tiles:.1f} per warp-ti
 print("opcode".ljust(12) + "per tile".rjust(10) + "share".rjust(8) + "stall smp".rjust(11))
 for op, n in sorted(by_op.items(), key=lambda kv: -kv[1])[:28]:
     print(op.ljust(12) + f"{n / tiles:10.1f}{100 * n / total:7.1f}%{100 * samples_by_op[op] / total_s:10.1f}%")
-print(f"-- top stall-sampled instructions (share of {total_s:.4g} samples)")
+by_reason = defaultdict(float)
+for _, _, _, r in insts:
+    for i in stall_cols:
+        by_reason[hdr[i][6:]] += num(r[i])
+total_r = sum(by_reason.values()) or 1.0
+# The HGMMA instructions' own samples carry none of the reasons this table lists (no gmma column).
+print("-- stall reasons over the samples that carry one: " + ", ".join(
+    f"{k} {100 * v / total_r:.1f}%" for k, v in sorted(by_reason.items(), key=lambda kv: -kv[1])[:8]))
+print(f"-- top stall-sampled instructions (share of {total_s:.4g} samples; its two main reasons)")
 for s, n, text, r in sorted(insts, key=lambda x: -x[0])[:24]:
-    reasons = sorted(((num(r[i]), hdr[i]) for i in stall_cols), reverse=True)[:2]
-    why = ", ".join(f"{h.replace('stall_', '')[:14]} {v:.0f}" for v, h in reasons if v > 0)
+    reasons = sorted(((num(r[i]), hdr[i][6:]) for i in stall_cols), reverse=True)[:2]
+    why = ", ".join(f"{h[:14]} {100 * v / total_s:.1f}%" for v, h in reasons if v > 0)
     print(f"{100 * s / total_s:5.1f}%  x{n / tiles:6.2f}/tile  {text[:60]:60s} {why}")
 PY
