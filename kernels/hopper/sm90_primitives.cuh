@@ -442,22 +442,21 @@ __device__ __forceinline__ void keep_operands_alive(uint32_t (&a)[M][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e]));
 }
 
-// acc += A B over rows [16 kFirst, 16 kLast) of the 64-row `b_tile`: its k16 steps kFirst ..
-// kLast - 1 (16 rows, 2048 bytes each) read MN-major, A from registers (a[step]). Issued only:
-// the caller fences before and commits after, and keeps a[kFirst .. kLast - 1] alive until the wait
-// that covers them (keep_operands_alive).
-template <typename T, int D, int kFirst = 0, int kLast = 4>
+// acc += A B over the 64 rows of `b_tile`: its 4 k16 steps (16 rows, 2048 bytes each) read
+// MN-major, A from registers (a[step]). Issued only: the caller fences before and commits after,
+// and keeps `a` alive until the wait that covers them (keep_operands_alive).
+template <typename T, int D>
 __device__ __forceinline__ void wgmma_rs_tile_steps(float (&acc)[D / 2], uint32_t (&a)[4][4],
                                                     uint32_t b_tile) {
   const uint64_t b_desc = smem_descriptor(b_tile, 64 * 128, 1024);
 #pragma unroll
-  for (int step = kFirst; step < kLast; ++step)
+  for (int step = 0; step < 4; ++step)
     wgmma_rs_mn<T, D>(acc, a[step], smem_descriptor_advance(b_desc, step * 2048));
 }
 
-// acc += A B over the 64 rows of `b_tile` (all 4 steps above), issued and waited for: on return acc
-// is complete and the A registers are free (the compact kernels' products, which run under the
-// other blocks on the SM, not under their own arithmetic).
+// The same product, issued and waited for: on return acc is complete and the A registers are free
+// (the compact kernels' products, which run under the other blocks on the SM, not under their own
+// arithmetic).
 template <typename T, int D>
 __device__ __forceinline__ void wgmma_rs_tile_complete(float (&acc)[D / 2], uint32_t (&a)[4][4],
                                                        uint32_t b_tile) {

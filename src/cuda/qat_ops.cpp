@@ -262,7 +262,6 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   const char* sfx = dtype_suffix(q.dtype);
 
   launch_delta(h, a, p.D, q.dtype, stream);
-  Launch l;  // the portable kernels' (below)
 
   // sm_90: the Hopper-native dQ, and dK/dV where it covers the P scale mode.
   kern::Sm90BackwardParams native;
@@ -277,6 +276,7 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
     sm90_fused_backward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, buf.dq_accumulator, stream);
     return;
   }
+  Launch l;  // the portable kernels'
   if (sm90) {
     sm90_dq_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, stream);
   } else {
