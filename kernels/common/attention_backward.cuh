@@ -262,7 +262,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
   const int g = lane >> 2, t = lane & 3;
   const int bh = blockIdx.y;  // (b, kv head)
   const int b = bh / p.Hkv, hk = bh % p.Hkv;
-  const int k0 = blockIdx.x * 64;
+  const int k0 = Schedule::key_block(p, bh, blockIdx.x) * 64;  // VSA: longest lists first
 
   const KTile sk{smem_address(smem)};
   const KTile sv{sk.base + KTile::kBytes};

@@ -37,6 +37,10 @@ struct VsaLists {
   const int32_t* inv_entries;
   int64_t inv_entries_per_unit;
   int32_t slot_bits;  // the least k with 2^k >= max_k
+  // The dK/dV kernels' order of kv blocks (fva_vsa_invert_order, backward only): for kv unit
+  // (b, kv head) u, the x-th block of the launch takes kv block kv_order[u * num_kv_blocks + x],
+  // the blocks with the most (q block, kv block) pairs first. Null: block x takes kv block x.
+  const int32_t* kv_order;
 };
 
 // Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.
@@ -113,6 +117,10 @@ struct MeanParams {
 };
 
 // Inversion of the q2k lists: counts, offsets and entries per (b, h) unit.
+// The most kv blocks fva_vsa_invert_order orders (16 KiB of weights in shared memory: 262144 tokens
+// per sequence); past that the dK/dV blocks run in index order.
+constexpr int kVsaOrderMaxKvBlocks = 4096;
+
 struct InvertParams {
   VsaLists lists;
   int32_t B, H;
@@ -122,6 +130,11 @@ struct InvertParams {
   int32_t* cursor;            // [B * H * num_kv_blocks]
   int32_t* entries;           // [B * H * num_q_blocks * max_k], each segment ascending
   int32_t* scattered;         // the same, as the fill scattered it (any order within a segment)
+  // The backward's dK/dV block order (fva_vsa_invert_order; null: not built): [B * H / group,
+  // num_kv_blocks], the kv blocks of each (b, kv head) by descending pair count over its `group`
+  // q heads.
+  int32_t* kv_order;
+  int32_t group;
   // fva_vsa_invert_indices outputs (null for the backward's internal inverse)
   int32_t* k2q_idx;           // [B, H, num_kv_blocks, num_q_blocks]
   int64_t k2q_stride_b, k2q_stride_h, k2q_stride_kv;

@@ -155,7 +155,8 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   const int warpgroup = threadIdx.x / 128;
   const int bh = blockIdx.y + (kStoreDs ? P.kv_unit0 : 0);  // stored dS: a chunk of the units
   const int b = bh / p.Hkv, hk = bh % p.Hkv;
-  const int k0 = blockIdx.x * 64 * kConsumers;  // the block's first key
+  // The block's first key (VSA: its kv block in the inverse's order, longest lists first).
+  const int k0 = Schedule::key_block(p, bh, blockIdx.x) * 64 * kConsumers;
   const Schedule sched(p, b, hk, k0);             // the query tiles the block walks
   const QueryTiles64<Schedule> tiles{sched};
 

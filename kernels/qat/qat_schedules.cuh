@@ -69,6 +69,10 @@ struct QatQueryTiles {
     c.row0 = (first_tile + index % tiles_per_head) * 32;
     return c;
   }
+  // The key block of a dK/dV launch's x-th block: in order (VsaQueryTiles may reorder).
+  static __device__ __forceinline__ int key_block(const kern::AttentionParams&, int, int x) {
+    return x;
+  }
   __device__ __forceinline__ Cursor first() const { return at(0); }
   __device__ __forceinline__ Cursor next(const Cursor& c) const { return at(c.index + 1); }
   __device__ __forceinline__ int valid_keys() const { return min(64, skv - k0); }

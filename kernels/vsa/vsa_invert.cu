@@ -10,6 +10,7 @@
 // listed entry, like the CPU reference), each beside the list slot where the sm_90 backward stores
 // the pair's dS tile. fva_vsa_invert_indices additionally runs
 //   6. emit: each segment's q blocks without duplicates into k2q_idx (padded with -1) and k2q_num.
+// The backward also orders its dK/dV blocks by their lists' lengths (fva_vsa_invert_order).
 #include "common/kernel_params.h"
 #include "vsa/vsa_schedules.cuh"
 
@@ -118,6 +119,40 @@ extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
       rank += (y < x) || (y == x && j < i);
     }
     out[rank] = x;
+  }
+}
+
+// The backward's dK/dV block order, one block per (b, kv head) unit: its kv blocks by descending
+// work (their inverse lists' lengths, summed over the unit's `group` q heads), ties by index. The
+// dK/dV kernels walk a kv block's list in one block and their lists' lengths differ (random 25%
+// lists: 64 +- 7 pairs), so launched in index order the last blocks of the grid are as long as
+// any and the SMs that finish early idle; launched longest first, the tail is the shortest
+// blocks (longest-processing-time-first list scheduling). A block's rank is counted against every
+// other (n^2 / blockDim comparisons per thread, from shared memory), so
+// the order is a deterministic function of the counts. The host launches it for at most
+// kVsaOrderMaxKvBlocks kv blocks (the weights' shared-memory array).
+extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
+  __shared__ int32_t work[fva::kern::kVsaOrderMaxKvBlocks];
+  const int nkv = p.lists.num_kv_blocks;
+  if (nkv > fva::kern::kVsaOrderMaxKvBlocks) __trap();  // the host's limit, checked
+  const int64_t kv_unit = blockIdx.x;
+  for (int kv = threadIdx.x; kv < nkv; kv += blockDim.x) {
+    int32_t w = 0;
+    for (int g = 0; g < p.group; ++g) {
+      const int32_t* off = p.offsets + (kv_unit * p.group + g) * (nkv + 1);
+      w += off[kv + 1] - off[kv];
+    }
+    work[kv] = w;
+  }
+  __syncthreads();
+  for (int kv = threadIdx.x; kv < nkv; kv += blockDim.x) {
+    const int32_t w = work[kv];
+    int rank = 0;
+    for (int j = 0; j < nkv; ++j) {
+      const int32_t x = work[j];
+      rank += (x > w) || (x == w && j < kv);
+    }
+    p.kv_order[kv_unit * nkv + rank] = kv;
   }
 }
 

@@ -98,6 +98,13 @@ struct VsaQueryTiles {
     }
     return c;
   }
+  // The kv block the x-th block of a dK/dV launch over unit (b, kv head) `unit` takes: the
+  // inverse's order (longest lists first) where the host built it.
+  static __device__ __forceinline__ int key_block(const kern::AttentionParams& p, int unit, int x) {
+    return p.vsa.kv_order != nullptr
+               ? p.vsa.kv_order[static_cast<int64_t>(unit) * p.vsa.num_kv_blocks + x]
+               : x;
+  }
   __device__ __forceinline__ Cursor first() const { return seek(first_head, -1, 0); }
   __device__ __forceinline__ Cursor next(const Cursor& c) const {
     return c.half == 0 ? seek(c.head, c.entry, 1) : seek(c.head, c.entry + 1, 0);

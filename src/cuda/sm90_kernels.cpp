@@ -25,7 +25,7 @@ constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out o
 // one warpgroup per block, no ring.
 constexpr int kQatConsumers = 2, kQatStages = 4;
 constexpr int kDkdvStages = 2;  // dK/dV, QAT and VSA: two blocks per SM
-constexpr int kDsStages = 3;    // dQ from stored dS (QAT and VSA): three blocks per SM
+constexpr int kDsStages = 2;    // dQ from stored dS (QAT and VSA): four blocks per SM
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -225,7 +225,7 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
     const int64_t units = std::min(chunks.kv_units_per_chunk, kv_units - u0);
     params.kv_unit0 = static_cast<int32_t>(u0);
     // dK/dV storing the chunk's dS tiles (two blocks per SM), then dQ from them for the chunk's q
-    // heads (attention_dq_from_ds_sm90.cuh: kDsStages ring stages, three blocks per SM). The
+    // heads (attention_dq_from_ds_sm90.cuh: kDsStages ring stages, four blocks per SM). The
     // chunks reuse the tiles' workspace in stream order.
     dkdv_launch(h, kind, params, D, dtype, Dkdv::kStoresDs, units, stream);
     launch("sm90", dq.c_str(), h.device, query_tile_launch(a, units * (a.Hq / a.Hkv), dq_smem),

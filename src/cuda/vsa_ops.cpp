@@ -146,9 +146,16 @@ Sm90DsChunks ds_chunks(const fva_handle& h, const cpu::VsaProblem& p) {
   return sm90_ds_chunks(h, p.D, p.B * p.Hkv, (p.Hq / p.Hkv) * p.num_q_blocks * p.max_k);
 }
 
+// The dK/dV block order's kernel (fva_vsa_invert_order) keeps a unit's block weights in shared
+// memory, up to kVsaOrderMaxKvBlocks; past that the blocks run in index order.
+bool orders_kv_blocks(const cpu::VsaProblem& p) {
+  return p.num_kv_blocks <= kern::kVsaOrderMaxKvBlocks;
+}
+
 struct VsaBackwardBuffers {
   float* delta;
   InverseBuffers inverse;
+  int32_t* kv_order;  // [B * Hkv, num_kv_blocks], or null (orders_kv_blocks)
   void* ds_tiles;  // the stored-dS backward's tiles (sm90_ds_chunks), else null
 };
 VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, const Sm90DsChunks& chunks,
@@ -156,6 +163,9 @@ VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, const Sm90DsChunks& 
   VsaBackwardBuffers b;
   b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * cpu::kVsaBlock));
   b.inverse = carve_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
+  b.kv_order = orders_kv_blocks(p)
+                   ? c.take<int32_t>(static_cast<size_t>(p.B * p.Hkv * p.num_kv_blocks))
+                   : nullptr;
   b.ds_tiles = chunks.kv_units_per_chunk > 0 ? c.take<char>(chunks.bytes) : nullptr;
   return b;
 }
@@ -197,6 +207,17 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   a.vsa.inv_offsets = buf.inverse.offsets;
   a.vsa.inv_entries = buf.inverse.entries;
   a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
+  if (buf.kv_order != nullptr) {
+    // dK/dV's blocks longest list first (fva_vsa_invert_order): the grid's tail is then its
+    // shortest blocks.
+    ip.kv_order = buf.kv_order;
+    ip.group = static_cast<int32_t>(p.Hq / p.Hkv);
+    Launch l;
+    l.grid_x = static_cast<unsigned>(p.B * p.Hkv);
+    l.block = 1024;  // nkv^2 / 1024 comparisons per thread: 6 us for 256 kv blocks at 256 threads
+    launch("vsa", "fva_vsa_invert_order", h.device, l, stream, ip);
+    a.vsa.kv_order = buf.kv_order;
+  }
 
   launch_delta(h, a, p.D, q.dtype, stream);
 
