@@ -513,6 +513,24 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
   }
 }
 
+// The VSA backward orders its dK/dV blocks by list length for up to 4096 kv blocks
+// (kern::kVsaOrderMaxKvBlocks: the order kernel's shared-memory array) and runs them in index order
+// beyond: both sides of the limit, with short lists (most kv blocks then have none).
+TEST_CASE("GPU VSA matches the CPU backend at the dK/dV block order's limit") {
+  for (const bool past : {false, true}) {
+    SUBCASE(past ? "past the limit: index order" : "at the limit: ordered") {
+      VsaCase c = random_vsa_case();
+      c.B = 1;
+      c.Hkv = 1;
+      c.nqb = uniform(1, 3);
+      c.nkv = past ? 4097 + uniform(0, 8) : 4096;
+      c.max_k = uniform(1, 6);
+      c.D = 64;
+      check_vsa_case(c);
+    }
+  }
+}
+
 // Scores that jump between a list's blocks by far more than 2^8 (the forward's lazy rescale): rows
 // whose later blocks score higher move their reference max, rows whose later blocks score lower
 // keep it.
