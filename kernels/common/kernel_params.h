@@ -116,11 +116,11 @@ struct MeanParams {
   float* mean;            // [D], rounded to the dtype
 };
 
-// Inversion of the q2k lists: counts, offsets and entries per (b, h) unit.
 // The most kv blocks fva_vsa_invert_order orders (16 KiB of weights in shared memory: 262144 tokens
 // per sequence); past that the dK/dV blocks run in index order.
 constexpr int kVsaOrderMaxKvBlocks = 4096;
 
+// Inversion of the q2k lists: counts, offsets and entries per (b, h) unit.
 struct InvertParams {
   VsaLists lists;
   int32_t B, H;

@@ -128,9 +128,9 @@ extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
 // lists: 64 +- 7 pairs), so launched in index order the last blocks of the grid are as long as
 // any and the SMs that finish early idle; launched longest first, the tail is the shortest
 // blocks (longest-processing-time-first list scheduling). A block's rank is counted against every
-// other (n^2 / blockDim comparisons per thread, from shared memory), so
-// the order is a deterministic function of the counts. The host launches it for at most
-// kVsaOrderMaxKvBlocks kv blocks (the weights' shared-memory array).
+// other (n^2 / blockDim comparisons per thread, from shared memory), so the order is a
+// deterministic function of the counts. The host launches it for at most kVsaOrderMaxKvBlocks kv
+// blocks (the weights' shared-memory array).
 extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
   __shared__ int32_t work[fva::kern::kVsaOrderMaxKvBlocks];
   const int nkv = p.lists.num_kv_blocks;
