@@ -36,6 +36,44 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The maxima of a sub-tile's (masked) scores: mx[r] of rows g and g + 8 (every lane of the quad).
+// kGroupMaxFirst (quad-shared block scales of P, 32-key sub-tiles): also the max score of each
+// 16-key NVFP4 group, reduced over the quad so that lane t holds group t's (k = 2 kb + r: halving
+// exchanges, xor 2 then xor 1), with the rows' maxima following from the groups' (rows r = t & 1,
+// two more exchanges). 2^x is monotonic (MUFU.EX2 included: tests/gpu/nvfp4_device_parity checks
+// every input), so the group's max p is 2^ of its max score's exponent: its scale can be computed
+// before, and beside, the group's exponentials.
+template <int kNT, bool kGroupMaxFirst>
+__device__ __forceinline__ void score_maxima(const float (&s)[kNT][4], float (&mx)[2],
+                                             float& group_max_mine) {
+  if constexpr (kGroupMaxFirst) {
+    static_assert(kNT == 4, "quad-shared scales: 32-key sub-tiles");
+    float group_max[4];
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        group_max[2 * kb + r] = fmaxf(fmaxf(s[2 * kb][2 * r], s[2 * kb][2 * r + 1]),
+                                      fmaxf(s[2 * kb + 1][2 * r], s[2 * kb + 1][2 * r + 1]));
+    halving_max<4, 2, 2>(group_max);  // lane bits 1, 0: t
+    const int lane = threadIdx.x & 31;
+    const float row_mine = fmaxf(group_max[0], __shfl_xor_sync(0xffffffffu, group_max[0], 2));
+    const float row_other = __shfl_xor_sync(0xffffffffu, row_mine, 1);
+    mx[0] = (lane & 1) ? row_other : row_mine;
+    mx[1] = (lane & 1) ? row_mine : row_other;
+    group_max_mine = group_max[0];
+  } else {
+    mx[0] = mx[1] = -CUDART_INF_F;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx[r] = quad_max(mx[r]);
+    group_max_mine = -CUDART_INF_F;
+  }
+}
+
 // The step in two phases, which a kernel may run apart: the exponentials need only s, the operands
 // need the operand registers (FlashAttention-3's intra-warpgroup overlap runs the first under the
 // previous tile's P·V; measured slower for the QAT forward, docs/perf.md, and not kept).
@@ -58,35 +96,9 @@ template <int kNT, bool kGroupMaxFirst, bool kLazyRescale = false>
 __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (&m)[2],
                                                      float (&alpha)[2], float scale_log2,
                                                      Nvfp4Group& mine) {
-  float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  // kGroupMaxFirst: the max score of each 16-key NVFP4 group, reduced over the quad so that lane t
-  // holds group t's (k = 2 kb + r: halving exchanges, xor 2 then xor 1); the rows' maxima follow
-  // from the groups' (rows r = t & 1, two more exchanges). 2^x is monotonic (MUFU.EX2 included:
-  // tests/gpu/nvfp4_device_parity checks every input), so the group's max p is 2^ of its max
-  // score's exponent: its scale can be computed before, and beside, the group's exponentials.
-  float group_max[4];
-  if constexpr (kGroupMaxFirst) {
-    static_assert(kNT == 4, "quad-shared scales: 32-key sub-tiles");
-#pragma unroll
-    for (int kb = 0; kb < 2; ++kb)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        group_max[2 * kb + r] = fmaxf(fmaxf(s[2 * kb][2 * r], s[2 * kb][2 * r + 1]),
-                                      fmaxf(s[2 * kb + 1][2 * r], s[2 * kb + 1][2 * r + 1]));
-    halving_max<4, 2, 2>(group_max);  // lane bits 1, 0: t
-    const int lane = threadIdx.x & 31;
-    const float row_mine = fmaxf(group_max[0], __shfl_xor_sync(0xffffffffu, group_max[0], 2));
-    const float row_other = __shfl_xor_sync(0xffffffffu, row_mine, 1);
-    mx[0] = (lane & 1) ? row_other : row_mine;
-    mx[1] = (lane & 1) ? row_mine : row_other;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) mx[r] = quad_max(mx[r]);
-  }
+  float mx[2];
+  float group_max;  // kGroupMaxFirst: the max score of the group this lane scales
+  score_maxima<kNT, kGroupMaxFirst>(s, mx, group_max);
   float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -105,7 +117,7 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
   if constexpr (kGroupMaxFirst) {
     const int lane = threadIdx.x & 31;
     const float neg_m = (lane & 1) ? -m_use[1] : -m_use[0];  // group t's row is t & 1
-    mine = nvfp4_block_group(fast_exp2(fmaf(group_max[0], scale_log2, neg_m)));
+    mine = nvfp4_block_group(fast_exp2(fmaf(group_max, scale_log2, neg_m)));
   }
 
   // p = 2^(s * scale * log2e - m), relative to the running (or reference) max, not rounded yet.
@@ -222,6 +234,84 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
     for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + quad_sum(rs[r]);
   }
   quantize_p_operands<T, kNT, kQuantizeP>(p, mine, a_q, second_of);
+}
+
+// The softmax of a whole 64-key tile held as kSubTiles sub-tiles of 32 keys (s: 8 n8 tiles of
+// scores, masked), for the sm_90a forward, with the output scale decoupled from the running max:
+//   - m_run, the running max, advances per sub-tile as SPEC.md section 2 defines it, and FQ_P's
+//     block scales are computed relative to it (each group's amax is 2^(its max score - m_run));
+//   - m_ref, the reference the accumulators o, o_hp and l are kept relative to, moves only when the
+//     tile's max passes it by more than 2^kLazyRescaleLog2 (alpha: the rows' rescale, exactly 1
+//     otherwise), so the caller rescales on few tiles and once per tile, before any P·V of it.
+// p is computed relative to m_ref, p_ref = p * 2^(m_run - m_ref) (one FMA and one MUFU per
+// element, as before), and the factor is folded into each NVFP4 group's reciprocal and scale
+// (a multiplication per group, not per element): FQ_P's codes and E4M3 scales are the running
+// max's, and the operands P·V reads are FQ_P(p) * 2^(m_run - m_ref) rounded to the dtype, so only
+// their rounding differs from scaling o at every max change. Without quantization (kQuantizeP
+// false) it is the lazy rescale of softmax_exponentials.
+// Outputs: a_hp (the dtype-rounded p_ref) and a_q (FQ_P, folded) as the A operands of the tile's
+// 4 k16 steps of P·V.
+template <typename T, int kSubTiles, bool kQuantizeP>
+__device__ __forceinline__ void tile_softmax_lazy(float (&s)[kSubTiles * 4][4], float (&m_run)[2],
+                                                  float (&m_ref)[2], float (&alpha)[2],
+                                                  float scale_log2,
+                                                  uint32_t (&a_hp)[kSubTiles * 2][4],
+                                                  uint32_t (&a_q)[kQuantizeP ? kSubTiles * 2 : 1][4]) {
+  constexpr int kNT = 4;  // n8 tiles per 32-key sub-tile
+  using Sub = float[kNT][4];
+  float mx[kSubTiles][2], group_max[kSubTiles];
+#pragma unroll
+  for (int sub = 0; sub < kSubTiles; ++sub)
+    score_maxima<kNT, kQuantizeP>(reinterpret_cast<Sub&>(s[sub * kNT]), mx[sub], group_max[sub]);
+
+  // The running max at each sub-tile (SPEC), then the tile's reference.
+  float m_sub[kSubTiles][2], m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float run = m_run[r];
+#pragma unroll
+    for (int sub = 0; sub < kSubTiles; ++sub) {
+      run = fmaxf(run, __fmul_rn(mx[sub][r], scale_log2));
+      m_sub[sub][r] = run == -CUDART_INF_F ? 0.0f : run;  // no visible key so far: p = 0
+    }
+    m_run[r] = run;
+    // -inf <= -inf keeps a row whose keys are all masked so far at -inf; a NaN resets.
+    const bool keep = run <= m_ref[r] + kLazyRescaleLog2;
+    const float m_new = keep ? m_ref[r] : run;
+    m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
+    alpha[r] = keep ? 1.0f : fast_exp2(m_ref[r] - m_use[r]);
+    m_ref[r] = m_new;
+  }
+
+  // The group this lane scales (lane t of the quad: group t, row t & 1), per sub-tile: its E4M3
+  // scale from its max p relative to the running max, then both factors moved to the reference.
+  Nvfp4Group mine[kSubTiles];
+  if constexpr (kQuantizeP) {
+    const int row = threadIdx.x & 1;
+    const float mu = row ? m_use[1] : m_use[0];
+#pragma unroll
+    for (int sub = 0; sub < kSubTiles; ++sub) {
+      const float ms = row ? m_sub[sub][1] : m_sub[sub][0];
+      mine[sub] = nvfp4_block_group(fast_exp2(fmaf(group_max[sub], scale_log2, -ms)));
+      mine[sub].reciprocal *= fast_exp2(mu - ms);  // <= 1: y = p_ref * r' = p * r
+      mine[sub].e4m3 *= fast_exp2(ms - mu);        // the decoded value times 2^(m_run - m_ref)
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kSubTiles * kNT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
+
+#pragma unroll
+  for (int sub = 0; sub < kSubTiles; ++sub) {
+    const Sub& p = reinterpret_cast<const Sub&>(s[sub * kNT]);
+    pack_p_operands<T, kNT>(p, reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_hp[sub * (kNT / 2)]));
+    quantize_p_operands<T, kNT, kQuantizeP>(
+        p, mine[sub],
+        reinterpret_cast<uint32_t(&)[kQuantizeP ? kNT / 2 : 1][4]>(a_q[kQuantizeP ? sub * (kNT / 2) : 0]),
+        BlockScalesQuadShared{});
+  }
 }
 
 }  // namespace fva::dev

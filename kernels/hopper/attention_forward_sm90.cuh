@@ -80,9 +80,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   using L = QueryStreamLayout<D, kConsumers, kStages>;
   static_assert(!Schedule::kPaddedBlocks,
                 "ragged (VSA) blocks need their V padding zeroed: attention_forward_compact_sm90.cuh");
-  constexpr int kSub = Schedule::kSubTile;  // softmax sub-tile (keys)
-  constexpr int kSubTiles = 64 / kSub;
-  constexpr int kNT = kSub / 8;  // n8 tiles per sub-tile
+  static_assert(Schedule::kSubTile == 32, "tile_softmax_lazy: 32-key softmax sub-tiles");
+  constexpr int kSubTiles = 64 / Schedule::kSubTile;
   const kern::AttentionParams& p = P.a;
 
   const L ring{smem_addr(smem)};
@@ -113,7 +112,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
 
   // ---- consumers --------------------------------------------------------------------------------
   setmaxnreg_inc<RegisterSplit<kConsumers>::kConsumer>();
-  const int c = warpgroup - 1;
+  const int c = __shfl_sync(0xffffffffu, warpgroup, 0) - 1;  // warp-uniform, as the compiler sees it
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int row0 = q0 + 64 * c;                  // this consumer's first row
@@ -127,7 +126,9 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     o[i] = 0.0f;
     if constexpr (kQuantizeP) o_hp[i] = 0.0f;
   }
-  float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.0f, 0.0f};
+  // The running max (FQ_P's, SPEC.md) and the reference o, o_hp and l are kept relative to
+  // (tile_softmax_lazy, online_softmax.cuh).
+  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, m_ref[2] = {-CUDART_INF_F, -CUDART_INF_F};
   // The rows' sums l by the tensor cores: l_acc += P·ones (m64n8k16 beside each P·V; every column
   // holds its row's sum), rescaled with o. It sums bf16(p), the operand P·V reads, as SPEC
   // defines l, and takes the sum and its quad shuffles off the ALUs (+2.4% at S=16384).
@@ -140,8 +141,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
   uint32_t a_hp[4][4], a_q[kQuantizeP ? 4 : 1][4];
 
-  auto k_tile = [&](int st) { return ring.k_tile(st); };
-  auto v_tile = [&](int st) { return ring.v_tile(st); };
+  auto k_tile = [&](int st) { return ring.k_tile(__shfl_sync(0xffffffffu, st, 0)); };
+  auto v_tile = [&](int st) { return ring.v_tile(__shfl_sync(0xffffffffu, st, 0)); };
   auto keep_alive = [&]() {
     keep_operands_alive(a_hp);
     if constexpr (kQuantizeP) keep_operands_alive(a_q);
@@ -197,19 +198,6 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     }
     wgmma_commit();
   };
-  // Softmax of sub-tile `sub` of s into the operands of its k16 steps.
-  auto softmax_sub = [&](int sub, float (&alpha)[2]) {
-    float ss[kNT][4];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ss[j][e] = s[sub * kNT + j][e];
-    auto& hp = reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_hp[sub * (kNT / 2)]);
-    auto& qq = reinterpret_cast<uint32_t(&)[kQuantizeP ? kNT / 2 : 1][4]>(a_q[kQuantizeP ? sub * (kNT / 2) : 0]);
-    online_softmax_step<T, kNT, kQuantizeP, /*kSumRows=*/false>(
-        ss, m, l, alpha, p.scale_log2, hp, qq, BlockScalesQuadShared{});
-  };
-
   mbar_wait(ring.bar_query(), 0);
   int stage = 0;
   uint32_t phase = 0;
@@ -219,10 +207,10 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   };
 
   {  // one tile at a time
-    // S, then the softmax of every sub-tile (their arithmetic is independent
-    // once the running maxes are known, so the warp has work in flight), then the sub-tiles' P·V
-    // back to back (a rescale in between waits for the first). The previous tile's P·V overlaps
-    // this tile's S; its stage is released once both are done.
+    // S, then the softmax of the whole tile (its sub-tiles' arithmetic is independent once the
+    // running maxes are known, so the warp has work in flight), a rescale where a row's reference
+    // moved, then the tile's P·V. The previous tile's P·V overlaps this tile's S; its stage is
+    // released once both are done.
     int pending = -1;
     for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
       const bool compute = last_row >= row0 && !sched.beyond(tile, last_row);
@@ -236,26 +224,14 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       mbar_wait(ring.bar_v(stage), phase);
       if (compute) {
         apply_mask(tile);
-        float alpha[kSubTiles][2];
-#pragma unroll
-        for (int sub = 0; sub < kSubTiles; ++sub) softmax_sub(sub, alpha[sub]);
-#pragma unroll
-        for (int sub = 0; sub < kSubTiles; ++sub) {
-          // A warp whose 16 rows kept their maxima skips the rescale: alpha is then exactly 1, and
-          // a multiplication by 1 changes nothing. (The wait before a later sub-tile's rescale is
-          // the warpgroup's vote, not the warp's: a branch holding a wgmma wait must be taken by
-          // the whole warpgroup alike. The multiplications alone may differ between warps.)
-          const bool rescale_warp =
-              __any_sync(0xffffffffu, alpha[sub][0] != 1.0f || alpha[sub][1] != 1.0f);
-          if (sub == 0) {
-            if (rescale_warp) rescale(alpha[sub]);
-          } else if (warpgroup_any(rescale_warp, 2 + c)) {
-            wgmma_wait<0>();  // the previous sub-tile's P·V, before its accumulators change
-            keep_alive();
-            if (rescale_warp) rescale(alpha[sub]);
-          }
-          issue_pv(v_tile(stage), sub * (kNT / 2), kNT / 2);
-        }
+        float alpha[2];
+        tile_softmax_lazy<T, kSubTiles, kQuantizeP>(s, m_run, m_ref, alpha, p.scale_log2, a_hp,
+                                                    a_q);
+        // The accumulators are complete (the wait above covered the previous P·V), so the rescale
+        // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
+        // skips it (alpha is then exactly 1, and a multiplication by 1 changes nothing).
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
+        issue_pv(v_tile(stage), 0, 4);
       }
       pending = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
@@ -265,9 +241,10 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     keep_alive();
   }
 
+  float l[2];
   l[0] = l_acc[0];  // rows g and g + 8 (columns 2t, 2t + 1 hold the same sum)
   l[1] = l_acc[2];
-  store_forward_outputs<T, D, kQuantizeP>(p, b, h, row_base, t, o, o_hp, m, l);
+  store_forward_outputs<T, D, kQuantizeP>(p, b, h, row_base, t, o, o_hp, m_ref, l);
 }
 
 }  // namespace fva::dev::sm90

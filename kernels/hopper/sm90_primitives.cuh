@@ -149,8 +149,16 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lbo_
 // one add does it. Deriving a tile's k-step descriptors from one base this way costs an add each,
 // where a descriptor built from scratch costs a mask, a shift and an or (ncu counted about 6
 // uniform-datapath instructions per score element in dK/dV, mostly descriptors).
+// The add is done on the low 32-bit word alone (the field cannot carry out of it): a 64-bit add
+// compiles to an add with carry, and where the descriptor lives in ordinary registers (the QAT
+// forward's ring stages), to copies of the high word before every wgmma as well.
 __device__ __forceinline__ uint64_t smem_descriptor_advance(uint64_t desc, uint32_t bytes) {
-  return desc + (bytes >> 4);
+  uint32_t lo, hi;
+  asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(desc));
+  lo += bytes >> 4;
+  uint64_t out;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(lo), "r"(hi));
+  return out;
 }
 
 __device__ __forceinline__ void wgmma_fence() {

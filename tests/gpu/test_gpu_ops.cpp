@@ -111,13 +111,17 @@ struct QatCase {
   Layout layout;
   int64_t pad;
   fva_qat_config_t cfg;
+  // > 1: each 64-key tile's keys scaled by its own gain, log-uniform in [1, key_gain], so that rows'
+  // maxima jump between tiles by far more than 2^8 (the sm_90a forward's lazy output scale).
+  double key_gain = 1.0;
 };
 
 std::string describe(const QatCase& c) {
   return c.name + " B" + std::to_string(c.B) + " Hq" + std::to_string(c.Hq) + " Hkv" +
          std::to_string(c.Hkv) + " Sq" + std::to_string(c.Sq) + " Skv" + std::to_string(c.Skv) +
          " D" + std::to_string(c.D) + " " + dtype_name(c.dtype) +
-         (c.layout == Layout::BSHD ? " BSHD" : " BHSD") + (c.pad ? " padded" : "");
+         (c.layout == Layout::BSHD ? " BSHD" : " BHSD") + (c.pad ? " padded" : "") +
+         (c.key_gain > 1.0 ? " key gains up to " + std::to_string(c.key_gain) : "");
 }
 
 struct QatTensors {
@@ -133,6 +137,12 @@ QatTensors make_qat_inputs(const QatCase& c) {
   // smooth_k matters when k has a per-channel offset; give it one.
   std::vector<double> kv = normal_values(t.k.numel());
   for (size_t i = 0; i < kv.size(); ++i) kv[i] += 0.5 * std::sin(static_cast<double>(i % c.D));
+  if (c.key_gain > 1.0) {
+    std::vector<double> gain(static_cast<size_t>((c.Skv + 63) / 64));
+    std::uniform_real_distribution<double> log_gain(0.0, std::log(c.key_gain));
+    for (double& g : gain) g = std::exp(log_gain(rng()));
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] *= gain[(i / c.D) % c.Skv / 64];  // logical [B,H,S,D]
+  }
   t.k.fill(kv);
   t.v.fill(normal_values(t.v.numel()));
   t.dout.fill(normal_values(t.dout.numel()));
@@ -491,6 +501,22 @@ TEST_CASE("GPU QAT attention at tile-multiple and long shapes") {
     c.layout = Layout::BHSD, c.pad = 0;
     check_qat_case(c);
   }
+}
+
+// Scores that jump between key tiles by far more than 2^8: the sm_90a forward keeps its
+// accumulators relative to a reference max that moves only then, while FQ_P stays relative to the
+// running max (quantized and plain, causal too).
+TEST_CASE("GPU QAT attention matches the CPU backend when key tiles' scores differ by orders of magnitude") {
+  for (const char* name : {"production", "plain", "causal"})
+    for (int rep = 0; rep < (quick() ? 1 : 2); ++rep) {
+      SUBCASE((std::string(name) + " #" + std::to_string(rep)).c_str()) {
+        QatCase c = random_qat_case(name);
+        c.Sq = uniform(65, 400);
+        c.Skv = std::string(name) == "causal" ? c.Sq : uniform(130, 600);
+        c.key_gain = 24.0;
+        check_qat_case(c);
+      }
+    }
 }
 
 TEST_CASE("GPU VSA matches the CPU backend (ragged blocks, junk metadata, GQA)") {
