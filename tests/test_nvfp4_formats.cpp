@@ -217,17 +217,23 @@ TEST_CASE("e2m1_round: the ties SPEC section 1 lists, saturation and specials") 
   CHECK(same_value(fva::e2m1_round(-0.25f), -0.0));
 }
 
-TEST_CASE("e2m1_round_magnitude_fma (the GPU kernels' form) equals the ladder for every float") {
+TEST_CASE("the GPU kernels' E2M1 forms (fp32 FMA, bf16 rounded to odd) equal the ladder for every float") {
   // Every float from 2^-3 to 8 (where the rounding has a choice to make, 50M patterns), every
   // 97th pattern elsewhere up to inf (below 2^-3 both give 0, above 8 both saturate), and the ties.
   // NaN is left to the device parity test: x86's fminf keeps a signaling NaN that the GPU's drops.
-  long mismatches = 0;
-  uint32_t first_bad = 0;
+  // e2m1_round_magnitude_bf16_odd is the algorithm of the device's packed e2m1_round_scale_bf16x2.
+  long mismatches = 0, odd_mismatches = 0;
+  uint32_t first_bad = 0, first_odd_bad = 0;
   auto check = [&](uint32_t bits) {
     const float a = fva::bits_float(bits);
-    if (fva::float_bits(fva::e2m1_round_magnitude_fma(a)) != fva::float_bits(fva::e2m1_round(a))) {
+    const uint32_t want = fva::float_bits(fva::e2m1_round(a));
+    if (fva::float_bits(fva::e2m1_round_magnitude_fma(a)) != want) {
       if (mismatches == 0) first_bad = bits;
       ++mismatches;
+    }
+    if (fva::float_bits(fva::e2m1_round_magnitude_bf16_odd(a)) != want) {
+      if (odd_mismatches == 0) first_odd_bad = bits;
+      ++odd_mismatches;
     }
   };
   const uint32_t lo = fva::float_bits(0.125f), hi = fva::float_bits(8.0f);
@@ -236,8 +242,22 @@ TEST_CASE("e2m1_round_magnitude_fma (the GPU kernels' form) equals the ladder fo
   for (float t : {0.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 1.0e38f,
                   std::numeric_limits<float>::infinity()})
     check(fva::float_bits(t));
-  INFO("first mismatch at a = " << fva::bits_float(first_bad));
+  INFO("fp32 form: first mismatch at a = " << fva::bits_float(first_bad));
   CHECK(mismatches == 0);
+  INFO("bf16 form: first mismatch at a = " << fva::bits_float(first_odd_bad));
+  CHECK(odd_mismatches == 0);
+}
+
+TEST_CASE("bf16 rounded to odd: the kept bits, and the lowest set exactly when bits were dropped") {
+  CHECK(fva::bf16_bits_round_to_odd(1.0f) == 0x3f80u);
+  CHECK(fva::bf16_bits_round_to_odd(fva::bits_float(0x3f800001u)) == 0x3f81u);
+  CHECK(fva::bf16_bits_round_to_odd(fva::bits_float(0x3f81ffffu)) == 0x3f81u);
+  CHECK(fva::bf16_bits_round_to_odd(fva::bits_float(0x3f820000u)) == 0x3f82u);
+  CHECK(fva::bf16_bits_round_to_odd(0.25f) == 0x3e80u);  // a tie stays a tie only when exact
+  CHECK(fva::bf16_bits_round_to_odd(std::nextafter(0.25f, 1.0f)) == 0x3e81u);
+  CHECK(fva::e2m1_round_magnitude_bf16_odd(std::nextafter(0.25f, 1.0f)) == 0.5f);
+  CHECK(fva::e2m1_round_magnitude_bf16_odd(std::nextafter(5.0f, 10.0f)) == 6.0f);
+  CHECK(fva::e2m1_round_magnitude_bf16_odd(5.0f) == 4.0f);
 }
 
 // ---- bf16 / fp16 ----------------------------------------------------------------------------------------

@@ -139,6 +139,29 @@ FVA_HD float e2m1_round_magnitude_fma(float a) {
   return fmaf(step, -4194304.0f, fmaf(step, 4194304.0f, y));
 }
 
+// The same rounding carried out in bf16 arithmetic, two values per instruction on the device
+// (e2m1_round_scale_bf16x2 below; this host form is the same algorithm one value at a time, so the
+// CPU tests check it against the ladder). Rounding a >= 0 to bf16 first would round twice, and a
+// value just above an E2M1 tie could land on the tie and round down; rounding to odd does not (the
+// dropped bits are ORed into the lowest kept bit, so no inexact value lands on a tie, which has at
+// most 3 significant bits, and 8 bits are more than 2 + 2): the E2M1 result is that of a itself.
+// Then as in e2m1_round_magnitude_fma, in bf16 (7 stored mantissa bits, so the magic constant is
+// 2^6 times the step): saturate at 6, step from the exponent bits of max(y, 1), round with one FMA
+// (exact product and sum, one bf16 rounding) and subtract exactly.
+FVA_HD uint16_t bf16_bits_round_to_odd(float a) {
+  const uint32_t u = float_bits(a);
+  return static_cast<uint16_t>((u >> 16) | ((u & 0xffffu) != 0u ? 1u : 0u));
+}
+FVA_HD float e2m1_round_magnitude_bf16_odd(float a) {
+  const float ro = float_from_bf16_bits(bf16_bits_round_to_odd(a));
+  const float y = ro <= 6.0f ? ro : 6.0f;  // NaN and inf too, as the device's min.bf16x2
+  const float step = bits_float(float_bits(y >= 1.0f ? y : 1.0f) & 0x7f800000u);
+  // step * 64 + y is exact in fp32 wherever the sum's rounding to bf16 can move q (y >= step *
+  // 2^-10; below that q is 0 either way), so rounding the fp32 sum to bf16 is the FMA's rounding.
+  const float t = round_to_bf16(step * 64.0f + y);
+  return t - step * 64.0f;
+}
+
 // y rounded to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} (with y's sign), nearest even code on a tie
 // (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; NaN and
 // inf give +-6. The sign of zero follows y (FastVideo's fake quantization keeps -0).
@@ -160,5 +183,35 @@ FVA_HD float e2m1_round(float y) {
   return bits_float(float_bits(q) | sign);
 #endif
 }
+
+#if defined(__CUDACC__)
+// Two magnitudes y0, y1 >= 0 (or NaN) rounded to the E2M1 grid as e2m1_round_magnitude_bf16_odd
+// does, each multiplied by its bf16 scale (scale2: the pair of scales, low half for y0), as a
+// packed bf16x2 (y0 low): the NVFP4 decode of FQ_P for the bf16 P·V operand, in ten instructions
+// per pair where the fp32 form takes thirteen. When the scales are E4M3 values the product is
+// exact (2 + 4 significant bits), so the result is bitwise bf16(e2m1_round_magnitude_fma(y) * s);
+// tests/gpu/nvfp4_device_parity checks it over every fp32 value up to 16. (min.u16x2 needs sm_90;
+// below, the same values one at a time.)
+__device__ __forceinline__ uint32_t e2m1_round_scale_bf16x2(float y0, float y1, uint32_t scale2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  const float q0 = round_to_bf16(e2m1_round_magnitude_bf16_odd(y0) * bits_float(scale2 << 16));
+  const float q1 = round_to_bf16(e2m1_round_magnitude_bf16_odd(y1) * bits_float(scale2 & 0xffff0000u));
+  return (float_bits(q0) >> 16) | (float_bits(q1) & 0xffff0000u);
+#else
+  const uint32_t u0 = float_bits(y0), u1 = float_bits(y1);
+  const uint32_t high = __byte_perm(u0, u1, 0x7632), low = __byte_perm(u0, u1, 0x5410);
+  uint32_t sticky, a, m, t, q, out;
+  asm("min.u16x2 %0, %1, %2;" : "=r"(sticky) : "r"(low), "r"(0x00010001u));
+  a = high | sticky;  // rounded to odd
+  asm("min.bf16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(0x40c040c0u));  // 6
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(0x3f803f80u));  // 1
+  const uint32_t step = m & 0x7f807f80u;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(step), "r"(0x42804280u), "r"(a));  // 64
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(q) : "r"(step), "r"(0xc280c280u), "r"(t));  // -64
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(scale2));
+  return out;
+#endif
+}
+#endif
 
 }  // namespace fva

@@ -249,69 +249,95 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 // max's, and the operands P·V reads are FQ_P(p) * 2^(m_run - m_ref) rounded to the dtype, so only
 // their rounding differs from scaling o at every max change. Without quantization (kQuantizeP
 // false) it is the lazy rescale of softmax_exponentials.
-// Outputs: a_hp (the dtype-rounded p_ref) and a_q (FQ_P, folded) as the A operands of the tile's
-// 4 k16 steps of P·V.
+// In two parts, so that a sub-tile's P·V can be issued before the next sub-tile's exponentials:
+// LazyTileSoftmax::begin (the maxima, the references, alpha, the groups' scales), then
+// operands(sub) per sub-tile: a_hp (the dtype-rounded p_ref) and a_q (FQ_P, folded), the A operands
+// of the sub-tile's 2 k16 steps of P·V.
 template <typename T, int kSubTiles, bool kQuantizeP>
-__device__ __forceinline__ void tile_softmax_lazy(float (&s)[kSubTiles * 4][4], float (&m_run)[2],
-                                                  float (&m_ref)[2], float (&alpha)[2],
-                                                  float scale_log2,
-                                                  uint32_t (&a_hp)[kSubTiles * 2][4],
-                                                  uint32_t (&a_q)[kQuantizeP ? kSubTiles * 2 : 1][4]) {
-  constexpr int kNT = 4;  // n8 tiles per 32-key sub-tile
+struct LazyTileSoftmax {
+  static constexpr int kNT = 4;  // n8 tiles per 32-key sub-tile
   using Sub = float[kNT][4];
-  float mx[kSubTiles][2], group_max[kSubTiles];
-#pragma unroll
-  for (int sub = 0; sub < kSubTiles; ++sub)
-    score_maxima<kNT, kQuantizeP>(reinterpret_cast<Sub&>(s[sub * kNT]), mx[sub], group_max[sub]);
+  // bf16 P: FQ_P's rounding and decode in bf16x2 arithmetic (e2m1_round_scale_bf16x2), with the
+  // group's scale as a bf16 pair.
+  static constexpr bool kPackedDecode = kQuantizeP && std::is_same_v<T, Bf16>;
+  float m_use[2];              // the reference each row's p is computed against (finite)
+  Nvfp4Group mine[kSubTiles];  // kQuantizeP: the group this lane scales, per sub-tile
+  uint32_t scale2[kPackedDecode ? kSubTiles : 1];  // kPackedDecode: mine's scale, twice, in bf16
 
-  // The running max at each sub-tile (SPEC), then the tile's reference.
-  float m_sub[kSubTiles][2], m_use[2];
+  __device__ __forceinline__ void begin(const float (&s)[kSubTiles * kNT][4], float (&m_run)[2],
+                                        float (&m_ref)[2], float (&alpha)[2], float scale_log2) {
+    float mx[kSubTiles][2], group_max[kSubTiles];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float run = m_run[r];
+    for (int sub = 0; sub < kSubTiles; ++sub)
+      score_maxima<kNT, kQuantizeP>(reinterpret_cast<const Sub&>(s[sub * kNT]), mx[sub],
+                                    group_max[sub]);
+    // The running max at each sub-tile (SPEC), then the tile's reference.
+    float m_sub[kSubTiles][2];
 #pragma unroll
-    for (int sub = 0; sub < kSubTiles; ++sub) {
-      run = fmaxf(run, __fmul_rn(mx[sub][r], scale_log2));
-      m_sub[sub][r] = run == -CUDART_INF_F ? 0.0f : run;  // no visible key so far: p = 0
+    for (int r = 0; r < 2; ++r) {
+      float run = m_run[r];
+#pragma unroll
+      for (int sub = 0; sub < kSubTiles; ++sub) {
+        run = fmaxf(run, __fmul_rn(mx[sub][r], scale_log2));
+        m_sub[sub][r] = run == -CUDART_INF_F ? 0.0f : run;  // no visible key so far: p = 0
+      }
+      m_run[r] = run;
+      // -inf <= -inf keeps a row whose keys are all masked so far at -inf; a NaN resets.
+      const bool keep = run <= m_ref[r] + kLazyRescaleLog2;
+      const float m_new = keep ? m_ref[r] : run;
+      m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      alpha[r] = keep ? 1.0f : fast_exp2(m_ref[r] - m_use[r]);
+      m_ref[r] = m_new;
     }
-    m_run[r] = run;
-    // -inf <= -inf keeps a row whose keys are all masked so far at -inf; a NaN resets.
-    const bool keep = run <= m_ref[r] + kLazyRescaleLog2;
-    const float m_new = keep ? m_ref[r] : run;
-    m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
-    alpha[r] = keep ? 1.0f : fast_exp2(m_ref[r] - m_use[r]);
-    m_ref[r] = m_new;
+    // The group this lane scales (lane t of the quad: group t, row t & 1), per sub-tile: its E4M3
+    // scale from its max p relative to the running max, then both factors moved to the reference.
+    if constexpr (kQuantizeP) {
+      const int row = threadIdx.x & 1;
+      const float mu = row ? m_use[1] : m_use[0];
+#pragma unroll
+      for (int sub = 0; sub < kSubTiles; ++sub) {
+        const float ms = row ? m_sub[sub][1] : m_sub[sub][0];
+        mine[sub] = nvfp4_block_group(fast_exp2(fmaf(group_max[sub], scale_log2, -ms)));
+        mine[sub].reciprocal *= fast_exp2(mu - ms);  // <= 1: y = p_ref * r' = p * r
+        mine[sub].e4m3 *= fast_exp2(ms - mu);        // the decoded value times 2^(m_run - m_ref)
+        if constexpr (kPackedDecode) scale2[sub] = T::pack(mine[sub].e4m3, mine[sub].e4m3);
+      }
+    }
   }
 
-  // The group this lane scales (lane t of the quad: group t, row t & 1), per sub-tile: its E4M3
-  // scale from its max p relative to the running max, then both factors moved to the reference.
-  Nvfp4Group mine[kSubTiles];
-  if constexpr (kQuantizeP) {
-    const int row = threadIdx.x & 1;
-    const float mu = row ? m_use[1] : m_use[0];
+  // Sub-tile `sub` of s (scores) -> p_ref in place, and its P·V operands.
+  __device__ __forceinline__ void operands(int sub, float (&s)[kSubTiles * kNT][4],
+                                           float scale_log2, uint32_t (&a_hp)[kSubTiles * 2][4],
+                                           uint32_t (&a_q)[kQuantizeP ? kSubTiles * 2 : 1][4]) {
+    Sub& p = reinterpret_cast<Sub&>(s[sub * kNT]);
 #pragma unroll
-    for (int sub = 0; sub < kSubTiles; ++sub) {
-      const float ms = row ? m_sub[sub][1] : m_sub[sub][0];
-      mine[sub] = nvfp4_block_group(fast_exp2(fmaf(group_max[sub], scale_log2, -ms)));
-      mine[sub].reciprocal *= fast_exp2(mu - ms);  // <= 1: y = p_ref * r' = p * r
-      mine[sub].e4m3 *= fast_exp2(ms - mu);        // the decoded value times 2^(m_run - m_ref)
-    }
-  }
-
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
-  for (int j = 0; j < kSubTiles * kNT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
-
-#pragma unroll
-  for (int sub = 0; sub < kSubTiles; ++sub) {
-    const Sub& p = reinterpret_cast<const Sub&>(s[sub * kNT]);
+      for (int e = 0; e < 4; ++e) p[j][e] = fast_exp2(fmaf(p[j][e], scale_log2, -m_use[e >> 1]));
     pack_p_operands<T, kNT>(p, reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_hp[sub * (kNT / 2)]));
+    if constexpr (kPackedDecode) {
+      // The layout of quantize_p_operands' quad-shared path: group k = 2 kb + r of the quad is
+      // lane (k)'s, and each lane fetches the four its values belong to.
+      const int lane = threadIdx.x & 31;
+#pragma unroll
+      for (int kb = 0; kb < kNT / 2; ++kb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int src = (lane & ~3) | (2 * kb + r);
+          const float rcp = __shfl_sync(0xffffffffu, mine[sub].reciprocal, src);
+          const uint32_t sc = __shfl_sync(0xffffffffu, scale2[sub], src);
+          uint32_t(&q)[4] = a_q[sub * (kNT / 2) + kb];
+          q[r] = e2m1_round_scale_bf16x2(p[2 * kb][2 * r] * rcp, p[2 * kb][2 * r + 1] * rcp, sc);
+          q[2 + r] = e2m1_round_scale_bf16x2(p[2 * kb + 1][2 * r] * rcp,
+                                             p[2 * kb + 1][2 * r + 1] * rcp, sc);
+        }
+      return;
+    }
     quantize_p_operands<T, kNT, kQuantizeP>(
-        p, mine[sub],
+        p, mine[kQuantizeP ? sub : 0],
         reinterpret_cast<uint32_t(&)[kQuantizeP ? kNT / 2 : 1][4]>(a_q[kQuantizeP ? sub * (kNT / 2) : 0]),
         BlockScalesQuadShared{});
   }
-}
+};
 
 }  // namespace fva::dev

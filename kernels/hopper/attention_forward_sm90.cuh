@@ -207,10 +207,9 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   };
 
   {  // one tile at a time
-    // S, then the softmax of the whole tile (its sub-tiles' arithmetic is independent once the
-    // running maxes are known, so the warp has work in flight), a rescale where a row's reference
-    // moved, then the tile's P·V. The previous tile's P·V overlaps this tile's S; its stage is
-    // released once both are done.
+    // S, then the tile's maxima and references, a rescale where a row's reference moved, then per
+    // sub-tile its exponentials, FQ_P and P·V. The previous tile's P·V overlaps this tile's S; its
+    // stage is released once both are done.
     int pending = -1;
     for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
       const bool compute = last_row >= row0 && !sched.beyond(tile, last_row);
@@ -225,13 +224,19 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       if (compute) {
         apply_mask(tile);
         float alpha[2];
-        tile_softmax_lazy<T, kSubTiles, kQuantizeP>(s, m_run, m_ref, alpha, p.scale_log2, a_hp,
-                                                    a_q);
+        LazyTileSoftmax<T, kSubTiles, kQuantizeP> softmax;
+        softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
         // The accumulators are complete (the wait above covered the previous P·V), so the rescale
         // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
         // skips it (alpha is then exactly 1, and a multiplication by 1 changes nothing).
         if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
-        issue_pv(v_tile(stage), 0, 4);
+        // Each sub-tile's P·V is issued as soon as its operands are ready: the tensor cores run
+        // the first under the second's exponentials and quantization.
+#pragma unroll
+        for (int sub = 0; sub < kSubTiles; ++sub) {
+          softmax.operands(sub, s, p.scale_log2, a_hp, a_q);
+          issue_pv(v_tile(stage), sub * 2, 2);
+        }
       }
       pending = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;

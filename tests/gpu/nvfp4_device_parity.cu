@@ -73,6 +73,33 @@ __global__ void exp2_monotonic(unsigned long long* violations) {
   if (bad != 0) atomicAdd(violations, bad);
 }
 
+// The bf16 P operand's packed decode (e2m1_round_scale_bf16x2, float_formats.h) against the fp32
+// form, bitwise: every fp32 pattern from 0 to 16 (beyond, both saturate) and the specials (inf, a
+// quiet and a signaling NaN), each as the low value of a pair whose high value is the pattern with
+// its lowest bit flipped; each value scaled by one of the 126 nonzero E4M3 scales (the pattern's
+// index picks it), as FQ_P decodes in block mode. Counts the mismatching halves.
+__global__ void packed_e2m1_parity(unsigned long long* mismatches) {
+  constexpr uint32_t kLast = 0x41800000u;  // 16
+  constexpr unsigned long long kTotal = kLast + 1ull + 3;
+  unsigned long long bad = 0;
+  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x;
+       i < kTotal; i += static_cast<unsigned long long>(gridDim.x) * blockDim.x) {
+    const uint32_t specials[3] = {0x7f800000u, 0x7fc00000u, 0x7f800001u};
+    const uint32_t b0 = i <= kLast ? static_cast<uint32_t>(i) : specials[i - kLast - 1];
+    const uint32_t b1 = i <= kLast ? b0 ^ 1u : b0;
+    const float y0 = __uint_as_float(b0), y1 = __uint_as_float(b1);
+    const uint32_t code = 1u + static_cast<uint32_t>(i % 126u);  // E4M3 codes 1..126
+    const uint32_t e = code >> 3, m = code & 7u;
+    const float s = e == 0 ? ldexpf(static_cast<float>(m), -9) : ldexpf(1.0f + m / 8.0f, static_cast<int>(e) - 7);
+    const uint32_t s_bf16 = __float_as_uint(s) >> 16;  // exact: 4 significant bits
+    const uint32_t got = fva::e2m1_round_scale_bf16x2(y0, y1, s_bf16 | (s_bf16 << 16));
+    const uint32_t want0 = fva::bf16_bits_from_float(fva::e2m1_round_magnitude_fma(y0) * s);
+    const uint32_t want1 = fva::bf16_bits_from_float(fva::e2m1_round_magnitude_fma(y1) * s);
+    bad += ((got & 0xffffu) != want0) + ((got >> 16) != want1);
+  }
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
 bool same_bits(float a, float b) {
   uint32_t ua, ub;
   std::memcpy(&ua, &a, 4);
@@ -175,6 +202,22 @@ int main() {
     if (violations != 0) {
       std::fprintf(stderr, "fast_exp2 is not monotonic: %llu decreasing steps\n", violations);
       bad += static_cast<long>(violations);
+    }
+  }
+
+  {  // the packed bf16 decode against the fp32 form
+    unsigned long long* dv = nullptr;
+    CUDA_OK(cudaMalloc(&dv, sizeof(unsigned long long)));
+    CUDA_OK(cudaMemset(dv, 0, sizeof(unsigned long long)));
+    packed_e2m1_parity<<<4096, 256>>>(dv);
+    CUDA_OK(cudaGetLastError());
+    unsigned long long mismatches = 0;
+    CUDA_OK(cudaMemcpy(&mismatches, dv, sizeof(mismatches), cudaMemcpyDeviceToHost));
+    cudaFree(dv);
+    if (mismatches != 0) {
+      std::fprintf(stderr, "e2m1_round_scale_bf16x2 differs from the fp32 form in %llu values\n",
+                   mismatches);
+      bad += static_cast<long>(mismatches);
     }
   }
 
