@@ -115,6 +115,19 @@ FVA_HD float nvfp4_fake_quant(const Nvfp4Group& g, float x) {
 }
 
 #if defined(__CUDACC__)
+// The E4M3 scales of two block-scale groups whose amaxes lie in [0, 1] (softmax probabilities
+// relative to their running max), as nvfp4_block_group computes them: amax / 6 <= 1/6 is far below
+// E4M3's 448, so the saturation check drops out, and one conversion instruction rounds both.
+__device__ __forceinline__ void nvfp4_block_scales_unit_pair(float amax0, float amax1, float& s0,
+                                                             float& s1) {
+  uint16_t e8x2;  // s1's code in the high byte, s0's in the low one
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(e8x2) : "f"(nvfp4_div6(amax1)), "f"(nvfp4_div6(amax0)));
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(e8x2));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(s0) : "h"(static_cast<uint16_t>(h2 & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(s1) : "h"(static_cast<uint16_t>(h2 >> 16)));
+}
+
 // nvfp4_fake_quant for a block-scale group (dec = 1) of values x >= 0 (softmax probabilities), on
 // the device: the same result for every such x, without the sign and second-level steps. A group
 // whose scale is 0 has reciprocal 0, so x * 0 = 0 rounds to 0 and 0 * s = 0, as the general form

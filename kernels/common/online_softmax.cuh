@@ -253,7 +253,11 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 // LazyTileSoftmax::begin (the maxima, the references, alpha, the groups' scales), then
 // operands(sub) per sub-tile: a_hp (the dtype-rounded p_ref) and a_q (FQ_P, folded), the A operands
 // of the sub-tile's 2 k16 steps of P·V.
-template <typename T, int kSubTiles, bool kQuantizeP>
+//
+// kFiniteScores: every score is finite (the QAT forward: its Q and K are fake-quantized, so finite,
+// and masked keys get a finite logit), so no row's max is -inf after its first tile and the guards
+// for rows without a visible key drop out.
+template <typename T, int kSubTiles, bool kQuantizeP, bool kFiniteScores>
 struct LazyTileSoftmax {
   static constexpr int kNT = 4;  // n8 tiles per 32-key sub-tile
   using Sub = float[kNT][4];
@@ -279,27 +283,35 @@ struct LazyTileSoftmax {
 #pragma unroll
       for (int sub = 0; sub < kSubTiles; ++sub) {
         run = fmaxf(run, __fmul_rn(mx[sub][r], scale_log2));
-        m_sub[sub][r] = run == -CUDART_INF_F ? 0.0f : run;  // no visible key so far: p = 0
+        m_sub[sub][r] = kFiniteScores || run != -CUDART_INF_F ? run : 0.0f;  // no key yet: p = 0
       }
       m_run[r] = run;
       // -inf <= -inf keeps a row whose keys are all masked so far at -inf; a NaN resets.
       const bool keep = run <= m_ref[r] + kLazyRescaleLog2;
       const float m_new = keep ? m_ref[r] : run;
-      m_use[r] = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      m_use[r] = kFiniteScores || m_new != -CUDART_INF_F ? m_new : 0.0f;
       alpha[r] = keep ? 1.0f : fast_exp2(m_ref[r] - m_use[r]);
       m_ref[r] = m_new;
     }
     // The group this lane scales (lane t of the quad: group t, row t & 1), per sub-tile: its E4M3
-    // scale from its max p relative to the running max, then both factors moved to the reference.
+    // scale s from its max p relative to the running max (amax <= 1: both sub-tiles' scales in one
+    // conversion), then moved to the reference: s' = s * 2^(m_run - m_ref), r' = 1 / s' (so
+    // y = p_ref * r' = p * r).
     if constexpr (kQuantizeP) {
+      static_assert(kSubTiles == 2, "the scales of two sub-tiles per conversion");
       const int row = threadIdx.x & 1;
       const float mu = row ? m_use[1] : m_use[0];
+      float ms[2], scale[2];
 #pragma unroll
-      for (int sub = 0; sub < kSubTiles; ++sub) {
-        const float ms = row ? m_sub[sub][1] : m_sub[sub][0];
-        mine[sub] = nvfp4_block_group(fast_exp2(fmaf(group_max[sub], scale_log2, -ms)));
-        mine[sub].reciprocal *= fast_exp2(mu - ms);  // <= 1: y = p_ref * r' = p * r
-        mine[sub].e4m3 *= fast_exp2(ms - mu);        // the decoded value times 2^(m_run - m_ref)
+      for (int sub = 0; sub < 2; ++sub) ms[sub] = row ? m_sub[sub][1] : m_sub[sub][0];
+      nvfp4_block_scales_unit_pair(fast_exp2(fmaf(group_max[0], scale_log2, -ms[0])),
+                                   fast_exp2(fmaf(group_max[1], scale_log2, -ms[1])), scale[0],
+                                   scale[1]);
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub) {
+        mine[sub].e4m3 = scale[sub] * fast_exp2(ms[sub] - mu);
+        mine[sub].dec = 1.0f;
+        mine[sub].reciprocal = nvfp4_block_reciprocal(mine[sub].e4m3);
         if constexpr (kPackedDecode) scale2[sub] = T::pack(mine[sub].e4m3, mine[sub].e4m3);
       }
     }

@@ -119,6 +119,10 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   const int last_row = min(p.Sq, row0 + 64) - 1;  // < row0: every row is past Sq
   const int row_base = row0 + 16 * warp + g;      // this thread's rows: row_base, row_base + 8
   const uint32_t q_tile = ring.query_tile(c);
+  // Tiles below unmasked_end need no mask; from compute_end on, no row of this consumer sees a key
+  // (causal; or every row is past Sq).
+  const int unmasked_end = sched.unmasked_end(row0);
+  const int compute_end = last_row >= row0 ? sched.visible_end(last_row) : 0;
 
   float o[D / 2], o_hp[kQuantizeP ? D / 2 : 1];
 #pragma unroll
@@ -159,7 +163,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     wgmma_commit();
   };
   auto apply_mask = [&](int tile) {
-    if (sched.unmasked(tile, row0)) return;  // the whole 64 x 64 tile is visible
+    if (tile < unmasked_end) return;  // the whole 64 x 64 tile is visible
     const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -212,7 +216,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     // stage is released once both are done.
     int pending = -1;
     for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
-      const bool compute = last_row >= row0 && !sched.beyond(tile, last_row);
+      const bool compute = tile < compute_end;
       mbar_wait(ring.bar_k(stage), phase);
       if (compute) issue_s(k_tile(stage));
       wgmma_wait<0>();
@@ -224,7 +228,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       if (compute) {
         apply_mask(tile);
         float alpha[2];
-        LazyTileSoftmax<T, kSubTiles, kQuantizeP> softmax;
+        LazyTileSoftmax<T, kSubTiles, kQuantizeP, /*kFiniteScores=*/kQuantizeP> softmax;
         softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
         // The accumulators are complete (the wait above covered the previous P·V), so the rescale
         // needs no wgmma wait and each warp decides for its own rows: one whose references stayed

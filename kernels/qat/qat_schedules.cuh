@@ -40,6 +40,17 @@ struct QatKeyTiles {
   __device__ __forceinline__ bool unmasked(int i, int first_row) const {
     return valid_keys(i) == 64 && !(causal && key0(i) + 63 > first_row);
   }
+  // The same two tests as tile bounds, for a loop over ascending tiles (the sm_90a forward): tile i
+  // is unmasked for rows from first_row on iff i < unmasked_end(first_row) (full tiles below Skv;
+  // causal: 64 i + 63 <= first_row), and some row up to last_row sees it iff i <
+  // visible_end(last_row) (last_row >= 0).
+  __device__ __forceinline__ int unmasked_end(int first_row) const {
+    const int full = skv / 64;
+    return causal ? min(full, (first_row + 1) / 64) : full;
+  }
+  __device__ __forceinline__ int visible_end(int last_row) const {
+    return causal ? last_row / 64 + 1 : n_tiles;
+  }
   // Keys past Skv lie outside the tensor: the TMA fills them with zeros.
   static constexpr bool kPaddedBlocks = false;
 };
