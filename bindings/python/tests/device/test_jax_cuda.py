@@ -39,7 +39,17 @@ def test_qat_values_and_grads_match_the_cpu(config):
         lambda q, k, v: jnp.sum(fj.qat_attention(q, k, v, config).astype(jnp.float32) * w.astype(jnp.float32)),
         argnums=(0, 1, 2))(q, k, v))
     (lg, gg), (lc, gc) = both(f, lambda dev: inputs(0, shapes, dev))
-    assert abs(float(lg) - float(lc)) <= 1e-2 * abs(float(lc)) + 1e-3
+    # The forward against the CPU: SPEC section 4's bound on o itself. The loss, a sum of o * w
+    # with random signs, cancels heavily (sum |o w| is about 600 times |loss| here), so o's own
+    # GPU-CPU difference (quantized P: about 2e-3 relative) moves it by about 1% at random (0.76%
+    # rms for random errors of 2e-3): each loss is checked against its own backend's o instead,
+    # which tests that value_and_grad carries the forward through.
+    og, oc = both(jax.jit(lambda q, k, v: fj.qat_attention(q, k, v, config)), lambda dev: inputs(0, shapes, dev)[:3])
+    og64, oc64 = np.asarray(og, np.float64), np.asarray(oc, np.float64)
+    assert rel_l2(og64, oc64) <= 1e-2
+    w = np.asarray(inputs(0, shapes, CPU)[3], np.float64)
+    for loss, o in ((lg, og64), (lc, oc64)):
+        assert abs(float(loss) - (o * w).sum()) <= 1e-5 * np.abs(o * w).sum()
     for a, b, name in zip(gg, gc, "qkv"):
         assert a.devices() == {GPU}
         # SPEC section 4 for dq, dk; dV with quantized P from the run's own lse: 4e-2 (SPEC-notes 5).
