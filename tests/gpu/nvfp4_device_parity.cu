@@ -100,6 +100,23 @@ __global__ void packed_e2m1_parity(unsigned long long* mismatches) {
   if (bad != 0) atomicAdd(mismatches, bad);
 }
 
+// Runs a sweep kernel that adds what it counts to one device counter (4096 blocks of 256 threads,
+// grid-stride); returns the count, or -1 after printing the CUDA error.
+long long device_count(void (*kernel)(unsigned long long*), const char* name) {
+  unsigned long long* counter = nullptr;
+  unsigned long long n = 0;
+  cudaError_t e = cudaMalloc(&counter, sizeof *counter);
+  if (e == cudaSuccess) e = cudaMemset(counter, 0, sizeof *counter);
+  if (e == cudaSuccess) {
+    kernel<<<4096, 256>>>(counter);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpy(&n, counter, sizeof n, cudaMemcpyDeviceToHost);
+  cudaFree(counter);
+  if (e != cudaSuccess) std::fprintf(stderr, "%s failed: %s\n", name, cudaGetErrorString(e));
+  return e == cudaSuccess ? static_cast<long long>(n) : -1;
+}
+
 bool same_bits(float a, float b) {
   uint32_t ua, ub;
   std::memcpy(&ua, &a, 4);
@@ -190,35 +207,16 @@ int main() {
     }
   }
 
-  {  // 2^x monotonic on the device
-    unsigned long long* dv = nullptr;
-    CUDA_OK(cudaMalloc(&dv, sizeof(unsigned long long)));
-    CUDA_OK(cudaMemset(dv, 0, sizeof(unsigned long long)));
-    exp2_monotonic<<<4096, 256>>>(dv);
-    CUDA_OK(cudaGetLastError());
-    unsigned long long violations = 0;
-    CUDA_OK(cudaMemcpy(&violations, dv, sizeof(violations), cudaMemcpyDeviceToHost));
-    cudaFree(dv);
-    if (violations != 0) {
-      std::fprintf(stderr, "fast_exp2 is not monotonic: %llu decreasing steps\n", violations);
-      bad += static_cast<long>(violations);
-    }
-  }
-
-  {  // the packed bf16 decode against the fp32 form
-    unsigned long long* dv = nullptr;
-    CUDA_OK(cudaMalloc(&dv, sizeof(unsigned long long)));
-    CUDA_OK(cudaMemset(dv, 0, sizeof(unsigned long long)));
-    packed_e2m1_parity<<<4096, 256>>>(dv);
-    CUDA_OK(cudaGetLastError());
-    unsigned long long mismatches = 0;
-    CUDA_OK(cudaMemcpy(&mismatches, dv, sizeof(mismatches), cudaMemcpyDeviceToHost));
-    cudaFree(dv);
-    if (mismatches != 0) {
-      std::fprintf(stderr, "e2m1_round_scale_bf16x2 differs from the fp32 form in %llu values\n",
-                   mismatches);
-      bad += static_cast<long>(mismatches);
-    }
+  {  // the sweeps that count on the device: 2^x monotonic, the packed bf16 decode
+    const long long decreasing = device_count(exp2_monotonic, "exp2_monotonic");
+    const long long packed = device_count(packed_e2m1_parity, "packed_e2m1_parity");
+    if (decreasing < 0 || packed < 0) return 1;
+    if (decreasing != 0)
+      std::fprintf(stderr, "fast_exp2 is not monotonic: %lld decreasing steps\n", decreasing);
+    if (packed != 0)
+      std::fprintf(stderr, "e2m1_round_scale_bf16x2 differs from the fp32 form in %lld values\n",
+                   packed);
+    bad += static_cast<long>(decreasing + packed);
   }
 
   const int groups = n / 16;
