@@ -90,7 +90,8 @@ __device__ __forceinline__ void score_maxima(const float (&s)[kNT][4], float (&m
 // raises some row's max (FlashAttention-4 does the same on Blackwell). o = acc / l and
 // lse = m + log2(l) hold for any reference, so only rounding changes: p's relative rounding in
 // bf16 and fp32 does not depend on its scale. Not for a quantized P: FQ_P's E4M3 scales are
-// defined for p <= 1 relative to the running max (SPEC.md section 2).
+// defined for p <= 1 relative to the running max (SPEC.md section 2); LazyTileSoftmax, below, keeps
+// both maxima for that.
 constexpr float kLazyRescaleLog2 = 8.0f;
 template <int kNT, bool kGroupMaxFirst, bool kLazyRescale = false>
 __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (&m)[2],
@@ -245,10 +246,12 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 //     otherwise), so the caller rescales on few tiles and once per tile, before any P·V of it.
 // p is computed relative to m_ref, p_ref = p * 2^(m_run - m_ref) (one FMA and one MUFU per
 // element, as before), and the factor is folded into each NVFP4 group's reciprocal and scale
-// (a multiplication per group, not per element): FQ_P's codes and E4M3 scales are the running
-// max's, and the operands P·V reads are FQ_P(p) * 2^(m_run - m_ref) rounded to the dtype, so only
-// their rounding differs from scaling o at every max change. Without quantization (kQuantizeP
-// false) it is the lazy rescale of softmax_exponentials.
+// (a multiplication per group, not per element): FQ_P's E4M3 scales are the running max's, its
+// codes those of y = p_ref * r' = p * r (which can differ from the eager form's y in its last bits,
+// as the GPU's 2^x already makes it differ from the CPU's), and the operands P·V reads are
+// FQ_P(p) * 2^(m_run - m_ref) rounded to the dtype: only rounding differs from scaling o at every
+// max change. Without quantization (kQuantizeP false) it is the lazy rescale of
+// softmax_exponentials.
 // In two parts, so that a sub-tile's P·V can be issued before the next sub-tile's exponentials:
 // LazyTileSoftmax::begin (the maxima, the references, alpha, the groups' scales), then
 // operands(sub) per sub-tile: a_hp (the dtype-rounded p_ref) and a_q (FQ_P, folded), the A operands

@@ -8,10 +8,13 @@
 //         P from registers, V in shared memory): both P·V products, FQ_P(P) and P;
 //   - setmaxnreg moves registers from the producer to the consumers.
 // Two consumers share every K/V tile (128 query rows per block: half the L2 traffic per FLOP).
-// Within a consumer, a key tile is S (wgmma), then the softmax of each sub-tile (two of 32 keys, so
-// the running max advances as in the CPU reference, see attention_forward.cuh; their arithmetic
-// runs together), then the sub-tiles' P·V back to back; the P·V stays in flight while the next
-// tile's S is issued. The output rescale is skipped by a warp none of whose rows raised its max.
+// Within a consumer, a key tile is S (wgmma), then the tile's maxima (the running max advances per
+// 32-key sub-tile, as in the CPU reference, see attention_forward.cuh), then per sub-tile its
+// exponentials, FQ_P and P·V, the first sub-tile's P·V running under the second's arithmetic; the
+// last P·V stays in flight while the next tile's S is issued. The accumulators are relative to a
+// lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once per tile before
+// its first P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel from 737 to
+// 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384; the softmax is issue-bound.
 // Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the next S
 // before this P·V; VSA 325 against 369 TFLOPS when VSA ran here; QAT, with the softmax's
 // exponentials under the previous P·V, 277.7 against 286.8 at S=16384, branch exp/overlap-s7),
