@@ -83,7 +83,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   using L = QueryStreamLayout<D, kConsumers, kStages>;
   static_assert(!Schedule::kPaddedBlocks,
                 "ragged (VSA) blocks need their V padding zeroed: attention_forward_compact_sm90.cuh");
-  static_assert(Schedule::kSubTile == 32, "tile_softmax_lazy: 32-key softmax sub-tiles");
+  static_assert(Schedule::kSubTile == 32, "LazyTileSoftmax: 32-key softmax sub-tiles");
   constexpr int kSubTiles = 64 / Schedule::kSubTile;
   const kern::AttentionParams& p = P.a;
 
@@ -134,7 +134,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     if constexpr (kQuantizeP) o_hp[i] = 0.0f;
   }
   // The running max (FQ_P's, SPEC.md) and the reference o, o_hp and l are kept relative to
-  // (tile_softmax_lazy, online_softmax.cuh).
+  // (LazyTileSoftmax, online_softmax.cuh).
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, m_ref[2] = {-CUDART_INF_F, -CUDART_INF_F};
   // The rows' sums l by the tensor cores: l_acc += P·ones (m64n8k16 beside each P·V; every column
   // holds its row's sum), rescaled with o. It sums bf16(p), the operand P·V reads, as SPEC

@@ -32,18 +32,14 @@ struct QatKeyTiles {
   __device__ __forceinline__ bool visible(int row, int key, int slot, int n_valid) const {
     return slot < n_valid && !(causal && key > row);
   }
-  // True when no row up to last_row sees a key of tile i (causal: the tile is above the diagonal).
-  __device__ __forceinline__ bool beyond(int i, int last_row) const {
-    return causal && key0(i) > last_row;
-  }
   // True when every key of tile i is visible to every row from first_row on (no mask to apply).
   __device__ __forceinline__ bool unmasked(int i, int first_row) const {
     return valid_keys(i) == 64 && !(causal && key0(i) + 63 > first_row);
   }
-  // The same two tests as tile bounds, for a loop over ascending tiles (the sm_90a forward): tile i
-  // is unmasked for rows from first_row on iff i < unmasked_end(first_row) (full tiles below Skv;
-  // causal: 64 i + 63 <= first_row), and some row up to last_row sees it iff i <
-  // visible_end(last_row) (last_row >= 0).
+  // Tile bounds for a loop over ascending tiles (the sm_90a forward): tile i is unmasked for rows
+  // from first_row on iff i < unmasked_end(first_row) (full tiles below Skv; causal:
+  // 64 i + 63 <= first_row), and some row up to last_row sees a key of it iff i <
+  // visible_end(last_row) (last_row >= 0; causal: tiles above the diagonal are not).
   __device__ __forceinline__ int unmasked_end(int first_row) const {
     const int full = skv / 64;
     return causal ? min(full, (first_row + 1) / 64) : full;

@@ -49,7 +49,6 @@ struct VsaKeyTiles {
   __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
     return slot < n_valid;
   }
-  __device__ __forceinline__ bool beyond(int, int) const { return false; }
   __device__ __forceinline__ bool unmasked(int i, int) const { return valid_keys(i) == 64; }
   // A block's slots past its size are padding inside the tensor, loaded with the rest.
   static constexpr bool kPaddedBlocks = true;
