@@ -163,8 +163,11 @@ constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
 constexpr int delta_rows_per_warp(int D) { return 32 / (D / 8); }
 
 // sm_90a compact kernels (one warpgroup per block, hopper/compact_tiles_sm90.cuh): `tiles` tiles
-// and three mbarriers. The VSA forward: Q, K, V; the VSA dQ: Q, dO, K, V.
-constexpr int sm90_compact_smem_bytes(int D, int tiles) { return tiles * 64 * D * 2 + 3 * 8; }
+// and three mbarriers, then (ones_tile) a 2048-byte tile of ones on the next 1024-byte boundary.
+// The VSA forward: Q, K, V and the ones (the B operand of its rows' sums); the VSA dQ: Q, dO, K, V.
+constexpr int sm90_compact_smem_bytes(int D, int tiles, bool ones_tile = false) {
+  return tiles * 64 * D * 2 + (ones_tile ? 1024 + 2048 : 3 * 8);
+}
 
 
 // sm_90a dK/dV: K and V (per consumer: one, or two with dQ fused), kStages (Q, dO) tile pairs, with

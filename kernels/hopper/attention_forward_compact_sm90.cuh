@@ -35,7 +35,7 @@ namespace fva::dev::sm90 {
 template <typename T, int D, typename Schedule>
 __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90ForwardParams& P,
                                                                char* smem) {
-  using L = CompactTiles<D, 3>;
+  using L = CompactTiles<D, 3, /*kOnesTile=*/true>;
   static_assert(Schedule::kSubTile == 64, "one softmax step per 64-key tile (VSA)");
   constexpr int kNT = 8;
   constexpr int kQ = 0, kK = 1, kV = 2;  // tiles
@@ -47,6 +47,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
+  fill_ones_tile<T>(tiles.ones_tile());  // complete at setup's barrier
   tiles.setup([&] {
     tma_prefetch_descriptor(&P.q);
     tma_prefetch_descriptor(&P.k);
@@ -56,15 +57,25 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   const int b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
   const Schedule sched(p, b, h, row0);
-  const int first = sched.first();
+  // The list walked by each warp in step (Schedule::Window): a tile and its size come from
+  // registers, and the next tile is known before this one's S.
+  typename Schedule::Window list(sched);
+  auto tile = list.pop();
   tiles.load_first([&] { tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b); }, &P.k, &P.v, at,
-                   sched, first);
+                   tile.valid() ? tile.key0() : -1);
+  // Warp 0 alone issues the loads (its lane 0): a warp-uniform branch the other warps skip.
+  const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   fence_registers(o);  // distinct registers (see fence_registers)
-  float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.0f, 0.0f};
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  // The rows' sums l by the tensor cores, as in the QAT forward: l_acc += P·ones (m64n8k16 beside
+  // each P·V step; every column holds its row's sum), rescaled with o. It sums bf16(p), the
+  // operand P·V reads, and takes 32 adds and the quad's shuffles per tile off the ALUs.
+  float l_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint64_t ones_desc = smem_descriptor(tiles.ones_tile(), L::kRegionBytes, 1024);
   float s[8][4];
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
   // P of the tile's 4 k16 steps as A operands of P·V, kept alive until the wait that covers P·V
@@ -73,19 +84,22 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 
   mbar_wait</*kSuspend=*/false>(tiles.bar_query(), 0);
   uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
-  for (int tile = first; tile >= 0;) {
-    const int next = sched.next(tile);
+  while (tile.valid()) {
+    const auto next = list.pop();
     mbar_wait</*kSuspend=*/false>(tiles.bar_k(), phase);
     wgmma_fence();
+    // The tiles' addresses through a shuffle: warp-uniform as ptxas sees them, so the descriptors
+    // stay in uniform registers (no R2UR before each wgmma).
     wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(s_flat);
     warpgroup_sync();
-    if (tid == 0 && next >= 0) tiles.load(kK, &P.k, tiles.bar_k(), sched.key0(next), hk, b);
+    if (loader && next.valid() && lane == 0)
+      tiles.load(kK, &P.k, tiles.bar_k(), next.key0(), hk, b);
 
     // Mask (ragged blocks), softmax, P as the A operands of P·V.
-    const int n_valid = sched.valid_keys(tile);
+    const int n_valid = tile.tokens();
     if (n_valid < 64) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -94,26 +108,47 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
           if (j * 8 + 2 * t + (e & 1) >= n_valid) s[j][e] = Schedule::kMaskedLogit;
     }
     float alpha[2];
-    online_softmax_step<T, kNT, /*kQuantizeP=*/false, /*kSumRows=*/true, /*kLazyRescale=*/true>(
-        s, m, l, alpha, p.scale_log2, a_hp, a_none, BlockScalesOnly{});
-    // Skipped when no row of the warpgroup moved its reference max (alpha exactly 1): with the
-    // lazy rescale, rarely after a list's first tile. The vote is the warpgroup's so that every
-    // warp reaches the P·V below at the same instruction.
-    if (warpgroup_any(alpha[0] != 1.0f || alpha[1] != 1.0f, 2)) {
+    float l_unused[2] = {0.0f, 0.0f};  // kSumRows = false: l_acc holds the sums
+    online_softmax_step<T, kNT, /*kQuantizeP=*/false, /*kSumRows=*/false, /*kLazyRescale=*/true>(
+        s, m, l_unused, alpha, p.scale_log2, a_hp, a_none, BlockScalesOnly{});
+    // Skipped when no row of the warp moved its reference max (alpha exactly 1): with the lazy
+    // rescale, rarely after a list's first tile. Each warp decides for its own rows (o is
+    // complete: P·V was waited for), as the QAT forward does.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
       fence_registers(o);
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+      fence_registers(l_acc);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) l_acc[i] *= alpha[i >> 1];
     }
     mbar_wait</*kSuspend=*/false>(tiles.bar_v(), phase);
-    if (n_valid < 64) zero_tile_rows<L::kRegions>(v_tile, n_valid, tid);  // 0 * NaN is not 0
-    wgmma_rs_tile_complete<T, D>(o, a_hp, v_tile);
+    // 0 * NaN is not 0. (Its copy of V's address is opaque to the compiler: so the descriptors
+    // below derive from a value of their own, which ptxas keeps in uniform registers.)
+    if (n_valid < 64) zero_tile_rows<L::kRegions>(opaque(v_tile), n_valid, tid);
+    {  // o += P·V and l_acc += P·ones: the tile's 4 k16 steps (16 keys, 2048 bytes of V each)
+      const uint64_t v_desc = smem_descriptor(v_tile, L::kRegionBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        wgmma_rs_mn<T, D>(o, a_hp[step], smem_descriptor_advance(v_desc, step * 2048));
+        wgmma_rs_mn<T, 8>(l_acc, a_hp[step], ones_desc);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_registers(l_acc);
+      keep_operands_alive(a_hp);
+    }
     warpgroup_sync();
-    if (tid == 0 && next >= 0) tiles.load(kV, &P.v, tiles.bar_v(), sched.key0(next), hk, b);
+    if (loader && next.valid() && lane == 0)
+      tiles.load(kV, &P.v, tiles.bar_v(), next.key0(), hk, b);
     phase ^= 1;
     tile = next;
   }
 
   const float o_hp_unused[1] = {0.0f};
+  const float l[2] = {l_acc[0], l_acc[2]};  // rows g and g + 8 (every column holds the sum)
   store_forward_outputs<T, D, false>(p, b, h, row_base, t, o, o_hp_unused, m, l);
 }
 

@@ -22,17 +22,23 @@ struct CompactBlock {
         row0((gridDim.x - 1 - blockIdx.x) * 64) {}
 };
 
-template <int D, int kTiles>
+template <int D, int kTiles, bool kOnesTile = false>
 struct CompactTiles {
   static constexpr int kRegionBytes = 64 * 128;
   static constexpr int kRegions = D / 64;
   static constexpr int kTileBytes = kRegions * kRegionBytes;
-  static_assert(kern::sm90_compact_smem_bytes(D, kTiles) == kTiles * kTileBytes + 3 * 8,
+  static_assert(kern::sm90_compact_smem_bytes(D, kTiles, kOnesTile) ==
+                    kTiles * kTileBytes + (kOnesTile ? 1024 + 2048 : 3 * 8),
                 "host and device disagree on the shared-memory layout");
 
   uint32_t base;  // the block's dynamic shared memory (1024-byte aligned)
 
   __device__ __forceinline__ uint32_t tile(int i) const { return base + i * kTileBytes; }
+  // kOnesTile: 2048 bytes of ones past the barriers, 1024-byte aligned for the 128-byte swizzle.
+  __device__ __forceinline__ uint32_t ones_tile() const {
+    static_assert(kOnesTile, "a layout without a tile of ones");
+    return base + kTiles * kTileBytes + 1024;
+  }
   __device__ __forceinline__ uint32_t bar_query() const { return base + kTiles * kTileBytes; }
   __device__ __forceinline__ uint32_t bar_k() const { return bar_query() + 8; }
   __device__ __forceinline__ uint32_t bar_v() const { return bar_query() + 16; }
@@ -67,17 +73,24 @@ struct CompactTiles {
 
   // Thread 0: `load_query` (the query-side tiles: tile 0 onward, on the query barrier) and, when
   // the schedule lists a key tile (`first` >= 0), its K and V into the last two tiles.
+  // The same with the first tile's first key (key0 < 0: none).
+  template <typename LoadQuery>
+  __device__ __forceinline__ void load_first(LoadQuery&& load_query, const kern::TensorMap* k,
+                                             const kern::TensorMap* v, const CompactBlock& at,
+                                             int key0) const {
+    if (threadIdx.x == 0) {
+      load_query();
+      if (key0 >= 0) {
+        load(kTiles - 2, k, bar_k(), key0, at.hk, at.b);
+        load(kTiles - 1, v, bar_v(), key0, at.hk, at.b);
+      }
+    }
+  }
   template <typename LoadQuery, typename Schedule>
   __device__ __forceinline__ void load_first(LoadQuery&& load_query, const kern::TensorMap* k,
                                              const kern::TensorMap* v, const CompactBlock& at,
                                              const Schedule& sched, int first) const {
-    if (threadIdx.x == 0) {
-      load_query();
-      if (first >= 0) {
-        load(kTiles - 2, k, bar_k(), sched.key0(first), at.hk, at.b);
-        load(kTiles - 1, v, bar_v(), sched.key0(first), at.hk, at.b);
-      }
-    }
+    load_first(load_query, k, v, at, first >= 0 ? sched.key0(first) : -1);
   }
 };
 

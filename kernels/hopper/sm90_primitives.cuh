@@ -161,6 +161,14 @@ __device__ __forceinline__ uint64_t smem_descriptor_advance(uint64_t desc, uint3
   return out;
 }
 
+// x itself, through an empty asm the compiler cannot see into: a value of its own, not merged with
+// x's other uses (the compact forward keeps V's address for its stores apart from the one its
+// wgmma descriptors derive from, so that these stay in uniform registers).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

@@ -52,6 +52,51 @@ struct VsaKeyTiles {
   __device__ __forceinline__ bool unmasked(int i, int) const { return valid_keys(i) == 64; }
   // A block's slots past its size are padding inside the tensor, loaded with the rest.
   static constexpr bool kPaddedBlocks = true;
+
+  // The same walk for a kernel whose warps each step through the list together (every lane
+  // converged: the compact sm_90a forward). A warp reads the list 32 entries at a time, lane j
+  // entry base + j with its block's size, and keeps a bit per usable entry: the next tile is then
+  // a find-first-set and one shuffle of registers, where next() scans with two dependent global
+  // loads per entry (the entry, then its block's size) and key0() and valid_keys() load them
+  // again. Every warp of a block runs its own window over the same data, so all agree on every
+  // tile without a barrier. The tiles and their order are next()'s.
+  struct Window {
+    // A visited kv block, packed: kv << 7 | tokens (tokens in [1, 64]); 0: the list is done.
+    struct Tile {
+      uint32_t code;
+      __device__ __forceinline__ bool valid() const { return code != 0u; }
+      __device__ __forceinline__ int key0() const { return static_cast<int>(code >> 7) * 64; }
+      __device__ __forceinline__ int tokens() const { return static_cast<int>(code & 127u); }
+    };
+    const VsaKeyTiles& keys;
+    int base;         // the list index of lane 0's entry
+    uint32_t packed;  // this lane's entry (base + lane) as a Tile code, 0 if unusable
+    uint32_t usable;  // bit j: entry base + j is usable and not yet taken
+
+    __device__ __forceinline__ explicit Window(const VsaKeyTiles& k) : keys(k) { read(0); }
+    __device__ __forceinline__ void read(int from) {
+      base = from;
+      const int i = from + static_cast<int>(threadIdx.x & 31);
+      uint32_t code = 0u;
+      if (i < keys.count) {
+        const int kv = keys.list[i];
+        // kv < num_kv_blocks <= Skv / 64 < 2^25, so kv << 7 fits.
+        if (kv >= 0 && kv < keys.v.num_kv_blocks)
+          code = static_cast<uint32_t>(kv) << 7 | static_cast<uint32_t>(vsa_block_tokens(keys.v, kv));
+        if ((code & 127u) == 0u) code = 0u;  // a block without a real token
+      }
+      packed = code;
+      usable = __ballot_sync(0xffffffffu, code != 0u);
+    }
+    // The next tile of the list (invalid once it is done).
+    __device__ __forceinline__ Tile pop() {
+      while (usable == 0u && base + 32 < keys.count) read(base + 32);
+      if (usable == 0u) return Tile{0u};
+      const int j = __ffs(usable) - 1;
+      usable &= usable - 1u;
+      return Tile{__shfl_sync(0xffffffffu, packed, j)};
+    }
+  };
 };
 
 struct VsaQueryTiles {
