@@ -89,23 +89,33 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
       static_cast<const uint4*>(P.ds_tiles) +
       (static_cast<int64_t>(blockIdx.y) * P.ds_q_tiles + qt) * P.ds_slots * (L::kDsBytes / 16);
 
-  // Thread 0 loads the listed tiles in order, each into the stage its predecessor kStages back
-  // has freed.
-  int to_load = sched.first();
+  // Warp 0 loads the listed tiles in order (its lane 0 issues), each into the stage its
+  // predecessor kStages back has freed. Each warp walks the schedule through its own window
+  // (Schedule::Window: VSA's list from registers, no dependent global loads per tile); warp 0 has
+  // a second one, kStages tiles ahead, for the loads.
+  typename Schedule::Window compute(sched), loads(sched);
+  auto to_load = loads.pop();
+  const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;  // warp-uniform, as ptxas sees it
   auto load = [&](int stage) {
-    mbar_arrive_expect_tx(ring.full(stage), L::kStageBytes);
-    for (int r = 0; r < L::kRegions; ++r)
-      tma_load_4d(ring.k_tile(stage) + r * L::kRegionBytes, &P.k, ring.full(stage), 64 * r,
-                  sched.key0(to_load), hk, b);
-    bulk_load(ring.ds_tile(stage), ds_tiles + static_cast<int64_t>(to_load) * (L::kDsBytes / 16),
-              L::kDsBytes, ring.full(stage));
-    to_load = sched.next(to_load);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(ring.full(stage), L::kStageBytes);
+      for (int r = 0; r < L::kRegions; ++r)
+        tma_load_4d(ring.k_tile(stage) + r * L::kRegionBytes, &P.k, ring.full(stage), 64 * r,
+                    to_load.key0(), hk, b);
+      bulk_load(ring.ds_tile(stage),
+                ds_tiles + static_cast<int64_t>(to_load.index) * (L::kDsBytes / 16), L::kDsBytes,
+                ring.full(stage));
+    }
+    to_load = loads.pop();
   };
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(ring.full(s), 1);
-    mbar_fence_init();
-    tma_prefetch_descriptor(&P.k);
-    for (int s = 0; s < kStages && to_load >= 0; ++s) load(s);
+  if (loader) {
+    if (lane == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(ring.full(s), 1);
+      mbar_fence_init();
+      tma_prefetch_descriptor(&P.k);
+    }
+    __syncwarp();
+    for (int s = 0; s < kStages && to_load.valid(); ++s) load(s);
   }
   __syncthreads();
 
@@ -117,7 +127,7 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   float ds_sum[2] = {0.0f, 0.0f};  // rowsum(dS) of the thread's two rows (QAT smooth-K)
   const bool row_sums = p.k_mean != nullptr;
   int n = 0;  // tiles consumed: tile n sits in stage n % kStages, its phase's parity (n / kStages) & 1
-  for (int tile = sched.first(); tile >= 0; tile = sched.next(tile), ++n) {
+  for (auto tile = compute.pop(); tile.valid(); tile = compute.pop(), ++n) {
     const int stage = n % kStages;
     mbar_wait(ring.full(stage), (n / kStages) & 1);
     load_ds_fragments(ring.ds_tile(stage), warp, lane, a_ds);
@@ -131,12 +141,12 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
       // dS is 0 at a ragged VSA block's padding slots, but 0 * NaN is not: those rows of K (the
       // caller's data) become zeros before the product reads them. (QAT's keys past Skv are
       // outside the tensor: the TMA filled them with zeros.)
-      const int n_valid = sched.valid_keys(tile);
+      const int n_valid = tile.tokens();
       if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
     }
     wgmma_rs_tile_complete<T, D>(dq, a_ds, ring.k_tile(stage));
     warpgroup_sync();  // every warp's product has read the stage
-    if (tid == 0 && to_load >= 0) load(stage);
+    if (loader && to_load.valid()) load(stage);
   }
 
   store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);

@@ -49,6 +49,25 @@ struct QatKeyTiles {
   }
   // Keys past Skv lie outside the tensor: the TMA fills them with zeros.
   static constexpr bool kPaddedBlocks = false;
+
+  // The walk as VsaKeyTiles::Window gives it, for kernels written against either schedule (the
+  // stored-dS dQ): here first() and next() are arithmetic already.
+  struct Window {
+    struct Tile {
+      int index, n;
+      __device__ __forceinline__ bool valid() const { return index >= 0; }
+      __device__ __forceinline__ int key0() const { return index * 64; }
+      __device__ __forceinline__ int tokens() const { return n; }
+    };
+    const QatKeyTiles& keys;
+    int at;  // the next tile's index (-1: done)
+    __device__ __forceinline__ explicit Window(const QatKeyTiles& k) : keys(k), at(k.first()) {}
+    __device__ __forceinline__ Tile pop() {
+      const Tile tile{at, at >= 0 ? keys.valid_keys(at) : 0};
+      if (at >= 0) at = keys.next(at);
+      return tile;
+    }
+  };
 };
 
 struct QatQueryTiles {

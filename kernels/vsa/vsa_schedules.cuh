@@ -62,8 +62,10 @@ struct VsaKeyTiles {
   // tile without a barrier. The tiles and their order are next()'s.
   struct Window {
     // A visited kv block, packed: kv << 7 | tokens (tokens in [1, 64]); 0: the list is done.
+    // index: its place in the list (the stored-dS backward keeps the pair's dS tile by it).
     struct Tile {
       uint32_t code;
+      int index;
       __device__ __forceinline__ bool valid() const { return code != 0u; }
       __device__ __forceinline__ int key0() const { return static_cast<int>(code >> 7) * 64; }
       __device__ __forceinline__ int tokens() const { return static_cast<int>(code & 127u); }
@@ -91,10 +93,10 @@ struct VsaKeyTiles {
     // The next tile of the list (invalid once it is done).
     __device__ __forceinline__ Tile pop() {
       while (usable == 0u && base + 32 < keys.count) read(base + 32);
-      if (usable == 0u) return Tile{0u};
+      if (usable == 0u) return Tile{0u, -1};
       const int j = __ffs(usable) - 1;
       usable &= usable - 1u;
-      return Tile{__shfl_sync(0xffffffffu, packed, j)};
+      return Tile{__shfl_sync(0xffffffffu, packed, j), base + j};
     }
   };
 };
