@@ -6,10 +6,15 @@
 // The softmax rescales lazily (online_softmax.cuh): o and l are rescaled only when a row's max
 // passes its reference by more than 2^8, not whenever some row's max rises (+3-5% on the H200,
 // docs/perf.md session 12), which also freed the registers for the one-FMA exponent.
-// The loads need no pipeline of their own: thread 0 issues the TMA for the next listed block's K as
-// soon as this block's S has read K, and the next V once P·V has read V, so each load runs under
-// the softmax or the next S. The overlap of one q block's softmax with tensor-core work comes from
-// the other three blocks on the SM, which the warp schedulers interleave.
+// The loads need no pipeline of their own: warp 0's lane 0 issues the TMA for the next listed
+// block's K as soon as this block's S has read K, and the next V once P·V has read V, so each load
+// runs under the softmax or the next S. The overlap of one q block's softmax with tensor-core work
+// comes from the other three blocks on the SM, which the warp schedulers interleave.
+// Per tile, a warp issues few instructions besides the softmax's (session 16: 377 -> 266 in the
+// loop's common path, 486 -> 539 TFLOPS at S=16384): the list comes from registers
+// (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a tile of ones), V's
+// descriptors from uniform registers, and each warp votes on its own rescale. At that rate the
+// K and V tiles stream from the L2 at 90-99% of its measured read bandwidth (docs/perf.md).
 //
 // Why not the warp-specialized forward (attention_forward_sm90.cuh), as QAT: a VSA q block has its
 // own list, so two consumers cannot share K/V tiles, and a producer warpgroup per consumer left an
@@ -19,7 +24,7 @@
 // 496 at S=16384 and 32768: the hardware's block scheduler, which starts a q block wherever one
 // finishes, already balances the lists' different lengths at the grain of one q block.
 //
-// Shared memory: CompactTiles (compact_tiles_sm90.cuh) of three tiles, Q | K | V.
+// Shared memory: CompactTiles (compact_tiles_sm90.cuh) of three tiles, Q | K | V, and the ones.
 #pragma once
 
 #include <math_constants.h>

@@ -120,21 +120,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// True in every thread of a warpgroup when `x` is true in any of its 128 threads: a reduction on
-// named barrier `barrier` (1..15, one per warpgroup that votes). A branch around wgmma instructions
-// must be taken by the whole warpgroup: a per-warp vote (__any_sync) lets its warps reach the same
-// wgmma at different program counters, which compute-sanitizer's synccheck reports.
-__device__ __forceinline__ bool warpgroup_any(bool x, int barrier) {
-  uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, 128, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<uint32_t>(x)), "r"(barrier)
-      : "memory");
-  return any != 0;
-}
-
 // ---- wgmma --------------------------------------------------------------------------------------
 
 // A shared-memory matrix descriptor with the 128-byte swizzle.
