@@ -149,12 +149,11 @@ constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                   
 // K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
 constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
 
-// sm_90a forward: query tiles (Q: one 64-row tile per consumer warpgroup), kStages K and V tiles,
-// mbarriers, a tile of ones.
+// sm_90a forward: query tiles (Q: one 64-row tile per consumer warpgroup), kStages K tiles,
+// kStages V tiles each followed by a 64 x 64 region of ones (8 KiB: the 8 columns past V that
+// P·V's m64n(D+8) product reads, so that it sums P's rows too), mbarriers (1024 bytes).
 constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
-  // After the barriers' 1024 bytes, a 2048-byte tile of ones: the B operand of the rows' sums by
-  // wgmma (m64n8k16, 16 rows 128 bytes apart in the 128-byte swizzle).
-  return (query_tiles + 2 * stages) * 64 * D * 2 + 1024 + 2048;
+  return (query_tiles + 2 * stages) * 64 * D * 2 + stages * 64 * 128 + 1024;
 }
 
 // Rows per warp of the Delta pre-pass (common/attention_backward.cuh, attention_delta): each lane

@@ -100,7 +100,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   const Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
 
   if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
-  fill_ones_tile<T>(ring.ones_tile());
+  ring.template fill_ones<T>();
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -127,20 +127,22 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   const int unmasked_end = sched.unmasked_end(row0);
   const int compute_end = last_row >= row0 ? sched.visible_end(last_row) : 0;
 
-  float o[D / 2], o_hp[kQuantizeP ? D / 2 : 1];
+  // o_hp: P·[V | ones], the dtype-rounded P's product (the output itself without quantization),
+  // with the rows' sums l in its last n8 block (registers D / 2 .. D / 2 + 3: every column holds
+  // its row's sum; l sums bf16(p), the operand P·V reads, as SPEC defines l). The sums ride on
+  // P·V's own wgmma (N = D + 8 against V's stage and a region of ones after it) and are rescaled
+  // with o. o: FQ_P(P)·V (kQuantizeP).
+  constexpr int kHp = D / 2 + 4;
+  float o[kQuantizeP ? D / 2 : 1], o_hp[kHp];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) {
-    o[i] = 0.0f;
-    if constexpr (kQuantizeP) o_hp[i] = 0.0f;
+  for (int i = 0; i < kHp; ++i) o_hp[i] = 0.0f;
+  if constexpr (kQuantizeP) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   }
   // The running max (FQ_P's, SPEC.md) and the reference o, o_hp and l are kept relative to
   // (LazyTileSoftmax, online_softmax.cuh).
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, m_ref[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  // The rows' sums l by the tensor cores: l_acc += P·ones (m64n8k16 beside each P·V; every column
-  // holds its row's sum), rescaled with o. It sums bf16(p), the operand P·V reads, as SPEC
-  // defines l, and takes the sum and its quad shuffles off the ALUs (+2.4% at S=16384).
-  float l_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint64_t ones_desc = smem_descriptor(ring.ones_tile(), L::kRegionBytes, 1024);
   // S of one key tile, and P (and FQ_P(P)) of its 4 k16 steps as A operands of P·V. The A
   // registers are read by the tensor cores after the issuing instruction, so each is kept alive
   // (keep_alive) until the wait that covers its P·V: otherwise the compiler could reuse them.
@@ -155,9 +157,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     if constexpr (kQuantizeP) keep_operands_alive(a_q);
   };
   auto fence_accumulators = [&]() {
-    fence_registers(o);
-    if constexpr (kQuantizeP) fence_registers(o_hp);
-    fence_registers(l_acc);
+    if constexpr (kQuantizeP) fence_registers(o);
+    fence_registers(o_hp);
   };
   // S = Q Kᵀ: D / 16 k16 steps, 32 bytes apart within a 128-byte row, 4 steps per region.
   auto issue_s = [&](uint32_t k_smem) {
@@ -181,12 +182,11 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   auto rescale = [&](const float (&alpha)[2]) {
     fence_accumulators();
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) {
-      o[i] *= alpha[(i >> 1) & 1];
-      if constexpr (kQuantizeP) o_hp[i] *= alpha[(i >> 1) & 1];
-    }
+    for (int i = 0; i < kHp; ++i) o_hp[i] *= alpha[(i >> 1) & 1];  // l too (D / 2 % 4 == 0)
+    if constexpr (kQuantizeP) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) l_acc[i] *= alpha[i >> 1];
+      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
   };
   // P·V over k16 steps [first, first + count) of the tile's 64 keys (16 keys, 2048 bytes each).
   auto issue_pv = [&](uint32_t v_smem, int first, int count) {
@@ -195,13 +195,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
 #pragma unroll
     for (int step = first; step < first + count; ++step) {
       const uint64_t v_desc = smem_descriptor_advance(v_base, step * 2048);
-      if constexpr (kQuantizeP) {
-        wgmma_rs_mn<T, D>(o, a_q[step], v_desc);
-        wgmma_rs_mn<T, D>(o_hp, a_hp[step], v_desc);
-      } else {
-        wgmma_rs_mn<T, D>(o, a_hp[step], v_desc);
-      }
-      wgmma_rs_mn<T, 8>(l_acc, a_hp[step], ones_desc);
+      if constexpr (kQuantizeP) wgmma_rs_mn<T, D>(o, a_q[step], v_desc);
+      wgmma_rs_mn<T, D + 8>(o_hp, a_hp[step], v_desc);  // V's D columns, then 8 of ones
     }
     wgmma_commit();
   };
@@ -253,10 +248,15 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     keep_alive();
   }
 
-  float l[2];
-  l[0] = l_acc[0];  // rows g and g + 8 (columns 2t, 2t + 1 hold the same sum)
-  l[1] = l_acc[2];
-  store_forward_outputs<T, D, kQuantizeP>(p, b, h, row_base, t, o, o_hp, m_ref, l);
+  // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
+  const float l[2] = {o_hp[D / 2], o_hp[D / 2 + 2]};
+  const float(&pv)[D / 2] = reinterpret_cast<const float(&)[D / 2]>(o_hp);  // P·V's D columns
+  if constexpr (kQuantizeP) {
+    store_forward_outputs<T, D, true>(p, b, h, row_base, t, o, pv, m_ref, l);
+  } else {
+    const float o_hp_unused[1] = {0.0f};
+    store_forward_outputs<T, D, false>(p, b, h, row_base, t, pv, o_hp_unused, m_ref, l);
+  }
 }
 
 }  // namespace fva::dev::sm90

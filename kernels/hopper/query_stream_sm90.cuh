@@ -3,11 +3,14 @@
 // query rows per consumer warpgroup, loads its query-side tiles once (the forward: Q) and streams
 // the K and V tiles its schedule lists through a kStages-deep shared-memory ring,
 // filled by the TMA from one producer thread:
-//     query tiles [kQueryTiles] | K [kStages tiles] | V [kStages tiles] | mbarriers
+//     query tiles [kQueryTiles] | K [kStages tiles] | V [kStages tiles, each + a region of ones]
+//     | mbarriers
 // with a tile = 64 rows x D in D / 64 swizzled 64-column regions (1024-byte aligned), and the
 // barriers: query (once), K full [kStages], V full [kStages], stage empty [kStages] (one arrival
 // per consumer warp). K and V have separate full barriers so the S product can start before V lands.
 #pragma once
+
+#include <type_traits>
 
 #include "common/kernel_params.h"
 #include "hopper/sm90_primitives.cuh"
@@ -35,16 +38,19 @@ struct QueryStreamLayout {
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQueryTiles * kTileBytes;
   static constexpr int kV = kK + kStages * kTileBytes;
-  static constexpr int kBarriers = kV + kStages * kTileBytes;
-  static constexpr int kOnes = kBarriers + 1024;  // 1024-byte aligned, as the swizzle needs
-  static_assert(8 * (1 + 3 * kStages) <= 1024, "the barriers fit before the ones");
-  static_assert(kern::sm90_forward_smem_bytes(D, kQueryTiles, kStages) == kOnes + 2048,
+  // A V stage and, right after it, one region of ones: read as the (D / 64 + 1)-th 64-column
+  // region of an MN-major B operand of N = D + 8 (the regions' stride is the descriptor's), its
+  // first 8 columns are ones, so P·[V | ones] adds each row's sum of P beside P·V.
+  static constexpr int kVStageBytes = kTileBytes + kRegionBytes;
+  static constexpr int kBarriers = kV + kStages * kVStageBytes;
+  static_assert(8 * (1 + 3 * kStages) <= 1024, "the barriers fit in their 1024 bytes");
+  static_assert(kern::sm90_forward_smem_bytes(D, kQueryTiles, kStages) == kBarriers + 1024,
                 "host and device disagree on the shared-memory layout");
 
   uint32_t base;  // the block's dynamic shared memory (1024-byte aligned)
   __device__ __forceinline__ uint32_t query_tile(int i) const { return base + kQ + i * kTileBytes; }
   __device__ __forceinline__ uint32_t k_tile(int s) const { return base + kK + s * kTileBytes; }
-  __device__ __forceinline__ uint32_t v_tile(int s) const { return base + kV + s * kTileBytes; }
+  __device__ __forceinline__ uint32_t v_tile(int s) const { return base + kV + s * kVStageBytes; }
   __device__ __forceinline__ uint32_t bar_query() const { return base + kBarriers; }
   __device__ __forceinline__ uint32_t bar_k(int s) const { return bar_query() + 8 * (1 + s); }
   __device__ __forceinline__ uint32_t bar_v(int s) const {
@@ -53,8 +59,19 @@ struct QueryStreamLayout {
   __device__ __forceinline__ uint32_t bar_empty(int s) const {
     return bar_query() + 8 * (1 + 2 * kStages + s);
   }
-  // 16 x 64 16-bit ones (2048 bytes): B of P·ones, whose every column is the row sums of P.
-  __device__ __forceinline__ uint32_t ones_tile() const { return base + kOnes; }
+  // Every stage's region of ones (T's 1.0), written by the block's threads before its first
+  // __syncthreads and fenced for the tensor cores.
+  template <typename T>
+  __device__ __forceinline__ void fill_ones() const {
+    const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
+    for (int i = threadIdx.x; i < kStages * kRegionBytes / 16; i += blockDim.x) {
+      const int s = i / (kRegionBytes / 16), at = i % (kRegionBytes / 16);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
+                   ::"r"(v_tile(s) + kTileBytes + 16 * at), "r"(one2)
+                   : "memory");
+    }
+    fence_proxy_async();
+  }
 
   // Thread 0, before the block's first __syncthreads.
   __device__ __forceinline__ void init_barriers(int consumer_warps) const {
