@@ -282,6 +282,11 @@ struct VsaCase {
   // > 1: each kv block's keys scaled by its own gain, log-uniform in [1, key_gain], so that the
   // scores of a list's blocks differ by far more than the forward's lazy-rescale threshold (2^8).
   double key_gain = 1.0;
+  // Set: writes the lists, their counts and the block sizes itself (idx [B, Hq, nqb, max_k], num
+  // [B, Hq, nqb], sizes [nkv], flat), in place of the random metadata.
+  std::function<void(std::vector<int32_t>& idx, std::vector<int32_t>& num,
+                     std::vector<int32_t>& sizes)>
+      metadata = nullptr;
 };
 
 struct VsaInputs {
@@ -315,7 +320,6 @@ VsaInputs make_vsa_inputs(const VsaCase& c) {
     const int64_t r = uniform(0, 9);
     s = static_cast<int32_t>(r < 5 ? 64 : r == 5 ? 0 : r == 6 ? 70 : r == 7 ? -3 : uniform(1, 63));
   }
-  t.sizes.fill_i32(sizes);
   std::vector<int32_t> idx(static_cast<size_t>(t.idx.numel())), num(static_cast<size_t>(t.num.numel()));
   for (int64_t row = 0; row < t.num.numel(); ++row) {
     const int64_t r = uniform(0, 9);
@@ -336,6 +340,8 @@ VsaInputs make_vsa_inputs(const VsaCase& c) {
       idx[row * c.max_k + s] = e;
     }
   }
+  if (c.metadata) c.metadata(idx, num, sizes);
+  t.sizes.fill_i32(sizes);
   t.idx.fill_i32(idx);
   t.num.fill_i32(num);
   return t;
@@ -537,6 +543,50 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
       check_vsa_case(c);
     }
   }
+}
+
+// The sm_90a kernels walk a q2k list 32 entries at a time (VsaKeyTiles::Window): windows with no
+// usable entry at all (junk indices, empty blocks, indices past the kv blocks), a usable entry
+// right after such a window, lists longer than two windows with duplicates, a count past max_k,
+// and lists with nothing usable anywhere. Written out, not drawn: the random cases reach a second
+// window only sometimes.
+TEST_CASE("GPU VSA matches the CPU backend when a list's 32-entry windows hold nothing usable") {
+  VsaCase c;
+  c.B = 1;
+  c.Hq = 2;
+  c.Hkv = 1;
+  c.nqb = 5;
+  c.nkv = 40;
+  c.max_k = 100;
+  c.D = 128;
+  c.dtype = FVA_DTYPE_BF16;
+  c.layout = Layout::BHSD;
+  c.metadata = [&c](std::vector<int32_t>& idx, std::vector<int32_t>& num,
+                    std::vector<int32_t>& sizes) {
+    for (int64_t kv = 0; kv < c.nkv; ++kv)  // 0-9 empty, 20-29 ragged, the rest full
+      sizes[kv] = kv < 10 ? 0 : (kv >= 20 && kv < 30) ? 17 + static_cast<int32_t>(kv) : 64;
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      auto list = [&](int64_t qb) { return &idx[(h * c.nqb + qb) * c.max_k]; };
+      auto count = [&](int64_t qb) -> int32_t& { return num[h * c.nqb + qb]; };
+      int32_t* l = list(0);  // junk window, usable window, empty-block window, 4 usable
+      for (int i = 0; i < 100; ++i)
+        l[i] = i < 32 ? -1 : i < 64 ? 10 + (i - 32) % 30 : i < 96 ? (i - 64) % 10 : 36 + (i - 96);
+      count(0) = 100;
+      l = list(1);  // one usable entry, first of the second window
+      for (int i = 0; i < 100; ++i) l[i] = i == 32 ? 25 : static_cast<int32_t>(i % 10);
+      count(1) = 33;
+      l = list(2);  // all usable, duplicates, the count past max_k (clamped to 100)
+      for (int i = 0; i < 100; ++i) l[i] = 10 + (i * 7) % 30;
+      count(2) = 150;
+      l = list(3);  // two windows of nothing usable: no key, o = 0 and lse = -inf
+      for (int i = 0; i < 100; ++i) l[i] = i < 32 ? static_cast<int32_t>(c.nkv + i) : i % 10;
+      count(3) = 64;
+      l = list(4);  // exactly one window, its last entry the only usable one
+      for (int i = 0; i < 100; ++i) l[i] = i == 31 ? 39 : -5;
+      count(4) = 32;
+    }
+  };
+  check_vsa_case(c);
 }
 
 // The VSA backward orders its dK/dV blocks by list length for up to 4096 kv blocks
