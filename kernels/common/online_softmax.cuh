@@ -135,6 +135,27 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
 // (quantize_p_operands). second_of(p, second): the second-level NVFP4 factors of the two rows;
 // BlockScalesOnly (block scales) selects the short form of the quantization for p >= 0,
 // BlockScalesQuadShared the scales phase 1 left in `mine`.
+// The quad-shared layout of a 32-key sub-tile's NVFP4 groups (BlockScalesQuadShared): the quad's
+// lanes hold the same two rows, and group k = 2 kb + r (16 keys of row r) is scaled by lane k of
+// the quad, which every lane fetches its groups from. For each of a lane's four groups:
+// fetch(src lane) gets the group's scale data once, and pair(group, x0, x1) quantizes two of its
+// values into one packed A-operand register; the four values of group (kb, r) go to a_q[kb][r]
+// and a_q[kb][2 + r], as pack_p_operands lays p out.
+template <typename Fetch, typename Pair>
+__device__ __forceinline__ void quantize_quad_shared_groups(const float (&p)[4][4],
+                                                            uint32_t (&a_q)[2][4], Fetch&& fetch,
+                                                            Pair&& pair) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const auto grp = fetch((lane & ~3) | (2 * kb + r));
+      a_q[kb][r] = pair(grp, p[2 * kb][2 * r], p[2 * kb][2 * r + 1]);
+      a_q[kb][2 + r] = pair(grp, p[2 * kb + 1][2 * r], p[2 * kb + 1][2 * r + 1]);
+    }
+}
+
 template <typename T, int kNT>
 __device__ __forceinline__ void pack_p_operands(const float (&p)[kNT][4],
                                                 uint32_t (&a_hp)[kNT / 2][4]) {
@@ -163,19 +184,12 @@ __device__ __forceinline__ void quantize_p_operands(const float (&p)[kNT][4],
       // rather than each lane computing all 4 scales, lane t computed group t's (`mine`, above,
       // from the group's max score) and every lane fetches the 4 it needs. p >= 0, so the max p
       // is the group's amax, bitwise.
-      const int lane = threadIdx.x & 31;
-#pragma unroll
-      for (int kb = 0; kb < 2; ++kb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const Nvfp4Group grp = nvfp4_block_group_from(mine, (lane & ~3) | (2 * kb + r));
-          float x[4] = {p[2 * kb][2 * r], p[2 * kb][2 * r + 1], p[2 * kb + 1][2 * r],
-                        p[2 * kb + 1][2 * r + 1]};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) x[i] = nvfp4_fake_quant_nonneg_block(grp, x[i]);
-          a_q[kb][r] = T::pack(x[0], x[1]);
-          a_q[kb][2 + r] = T::pack(x[2], x[3]);
-        }
+      quantize_quad_shared_groups(
+          p, a_q, [&](int src) { return nvfp4_block_group_from(mine, src); },
+          [](const Nvfp4Group& grp, float x0, float x1) {
+            return T::pack(nvfp4_fake_quant_nonneg_block(grp, x0),
+                           nvfp4_fake_quant_nonneg_block(grp, x1));
+          });
     } else {
 #pragma unroll
       for (int kb = 0; kb < kNT / 2; ++kb) {
@@ -331,21 +345,21 @@ struct LazyTileSoftmax {
       for (int e = 0; e < 4; ++e) p[j][e] = fast_exp2(fmaf(p[j][e], scale_log2, -m_use[e >> 1]));
     pack_p_operands<T, kNT>(p, reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_hp[sub * (kNT / 2)]));
     if constexpr (kPackedDecode) {
-      // The layout of quantize_p_operands' quad-shared path: group k = 2 kb + r of the quad is
-      // lane (k)'s, and each lane fetches the four its values belong to.
-      const int lane = threadIdx.x & 31;
-#pragma unroll
-      for (int kb = 0; kb < kNT / 2; ++kb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int src = (lane & ~3) | (2 * kb + r);
-          const float rcp = __shfl_sync(0xffffffffu, mine[sub].reciprocal, src);
-          const uint32_t sc = __shfl_sync(0xffffffffu, scale2[sub], src);
-          uint32_t(&q)[4] = a_q[sub * (kNT / 2) + kb];
-          q[r] = e2m1_round_scale_bf16x2(p[2 * kb][2 * r] * rcp, p[2 * kb][2 * r + 1] * rcp, sc);
-          q[2 + r] = e2m1_round_scale_bf16x2(p[2 * kb + 1][2 * r] * rcp,
-                                             p[2 * kb + 1][2 * r + 1] * rcp, sc);
-        }
+      // The groups of quantize_p_operands' quad-shared path, each fetched as its reciprocal and
+      // its scale as a bf16 pair.
+      struct Fetched {
+        float rcp;
+        uint32_t scale2;
+      };
+      quantize_quad_shared_groups(
+          p, reinterpret_cast<uint32_t(&)[kNT / 2][4]>(a_q[sub * (kNT / 2)]),
+          [&](int src) {
+            return Fetched{__shfl_sync(0xffffffffu, mine[sub].reciprocal, src),
+                           __shfl_sync(0xffffffffu, scale2[sub], src)};
+          },
+          [](const Fetched& grp, float x0, float x1) {
+            return e2m1_round_scale_bf16x2(x0 * grp.rcp, x1 * grp.rcp, grp.scale2);
+          });
       return;
     }
     quantize_p_operands<T, kNT, kQuantizeP>(
