@@ -19,8 +19,8 @@
 // (movmatrix) they are the A fragment of dQ's k16 step s for this warp's rows.
 //
 // Shape: one warpgroup per 64-row query tile (the compact kernels' shape), a kStages ring of (K tile,
-// dS tile) filled by thread 0 (TMA for K, a bulk copy for dS), four blocks per SM, so the SM's
-// tensor cores work on one block's product while the others' loads are in flight.
+// dS tile) filled by warp 0's lane 0 (TMA for K, a bulk copy for dS), four blocks per SM, so the
+// SM's tensor cores work on one block's product while the others' loads are in flight.
 #pragma once
 
 #include "common/kernel_params.h"

@@ -1,8 +1,9 @@
 // Shared memory of the compact sm_90a kernels (one warpgroup per block, no producer warpgroup,
 // several blocks per SM: the VSA forward and the dQ kernel of both backwards): kTiles tiles of 64
 // rows x D, each D / 64 swizzled 64-column regions of 8 KiB (1024-byte aligned), then three
-// mbarriers: the query-side tiles (loaded once), K, V. Thread 0 issues every load; each barrier
-// completes once per load, so the K and V barriers' parity flips once per listed key tile.
+// mbarriers: the query-side tiles (loaded once), K, V, and (kOnesTile, the VSA forward) a tile of
+// ones. Thread 0 issues every load; each barrier completes once per load, so the K and V
+// barriers' parity flips once per listed key tile.
 #pragma once
 
 #include "common/kernel_params.h"
