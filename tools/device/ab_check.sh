@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One device call for a kernel change, ON THE GPU MACHINE from the repo root (the device tool's
+# working directory), with .device-deps carried:
+#   1. builds this checkout (tools/gpu-check's build step, into build-gpu);
+#   2. runs the GPU tests that TESTS names (a doctest -tc filter) and compute-sanitizer's
+#      SANITIZERS on them in quick mode;
+#   3. the A/B of tools/device/ab_builds.sh: this checkout ("new") against it with BASE_PATCH
+#      reversed ("base"), ROUNDS rounds of `fvattn bench $BENCH_ARGS`, base first;
+# and writes three files to $OUT, well under the device tool's eight: summary.txt (a line per step,
+# then the A/B table, last), ab-all.json (every round's bench JSON: {"base": [...], "new": [...]})
+# and logs.tar.gz (every log). A failed build or test skips the A/B: a change that fails its tests
+# has no speed worth measuring.
+#   BASE_PATCH (required: `git diff <base> -- kernels src > ab-base.patch` here, left untracked),
+#   TESTS (default: every GPU test), SANITIZERS (default: racecheck synccheck), ROUNDS (default 2),
+#   BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT (default: /tmp/fvattn-ab-check).
+set -uo pipefail
+OUT=${OUT:-/tmp/fvattn-ab-check}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+tests=${TESTS:-*}
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+finish() {
+  tar -C "$work" -czf "$OUT/logs.tar.gz" . 2> /dev/null
+  exit "$1"
+}
+: "${BASE_PATCH:?BASE_PATCH: a patch from the base to this checkout}"
+
+OUT="$work/build" GPU_CHECK_STEPS=build tools/gpu-check > "$work/build.log" 2>&1
+if ! grep -q '^build  *PASS' "$work/build/summary.txt" 2> /dev/null; then
+  note "build: FAIL (logs.tar.gz: build/all.log)"
+  finish 1
+fi
+note "build: PASS"
+
+B=build-gpu
+if ! timeout 300 $B/tests/test_gpu_ops -tc="$tests" > "$work/tests.log" 2>&1; then
+  note "tests ($tests): FAIL: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/tests.log" | tr '\n' ' ')"
+  finish 1
+fi
+note "tests ($tests): PASS: $(grep -E '^\[doctest\] test cases' "$work/tests.log")"
+
+failed=0
+for tool in ${SANITIZERS:-racecheck synccheck}; do
+  FVATTN_GPU_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+    --print-limit 20 $B/tests/test_gpu_ops -tc="$tests" > "$work/sanitizer-$tool.log" 2>&1
+  rc=$?
+  note "compute-sanitizer $tool: $([ $rc -eq 0 ] && echo PASS || echo "FAIL (rc $rc)"): $(tail -n 1 "$work/sanitizer-$tool.log")"
+  [ $rc -eq 0 ] || failed=1
+done
+[ $failed -eq 0 ] || finish 1
+
+OUT="$work/ab" tools/device/ab_builds.sh > "$work/ab.log" 2>&1
+python3 - "$work/ab" "${ROUNDS:-2}" "$OUT/ab-all.json" <<'PY'
+import json, os, sys
+ab, rounds, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+runs = {"base": [], "new": []}
+for r in range(1, rounds + 1):
+    for v in runs:
+        path = os.path.join(ab, f"ab-{v}-{r}.json")
+        if os.path.exists(path):
+            runs[v].append(json.load(open(path)))
+json.dump(runs, open(out, "w"), indent=1)
+PY
+sed -n '/^op  /,$p' "$work/ab.log" | tee -a "$summary"
+finish 0
