@@ -130,11 +130,6 @@ __device__ __forceinline__ void softmax_exponentials(float (&s)[kNT][4], float (
     for (int e = 0; e < 4; ++e) s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
 }
 
-// Phase 2: p (phase 1's) as the A operands of the kNT / 2 k16 steps of P·V: a_hp
-// the dtype-rounded p (pack_p_operands) and (kQuantizeP) a_q FQ_P(p), 16-key NVFP4 groups
-// (quantize_p_operands). second_of(p, second): the second-level NVFP4 factors of the two rows;
-// BlockScalesOnly (block scales) selects the short form of the quantization for p >= 0,
-// BlockScalesQuadShared the scales phase 1 left in `mine`.
 // The quad-shared layout of a 32-key sub-tile's NVFP4 groups (BlockScalesQuadShared): the quad's
 // lanes hold the same two rows, and group k = 2 kb + r (16 keys of row r) is scaled by lane k of
 // the quad, which every lane fetches its groups from. For each of a lane's four groups:
@@ -156,6 +151,11 @@ __device__ __forceinline__ void quantize_quad_shared_groups(const float (&p)[4][
     }
 }
 
+// Phase 2: p (phase 1's) as the A operands of the kNT / 2 k16 steps of P·V: a_hp
+// the dtype-rounded p (pack_p_operands) and (kQuantizeP) a_q FQ_P(p), 16-key NVFP4 groups
+// (quantize_p_operands). second_of(p, second): the second-level NVFP4 factors of the two rows;
+// BlockScalesOnly (block scales) selects the short form of the quantization for p >= 0,
+// BlockScalesQuadShared the scales phase 1 left in `mine`.
 template <typename T, int kNT>
 __device__ __forceinline__ void pack_p_operands(const float (&p)[kNT][4],
                                                 uint32_t (&a_hp)[kNT / 2][4]) {

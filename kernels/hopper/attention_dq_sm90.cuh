@@ -149,7 +149,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
         tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b, 2);  // Q and dO on one barrier
         tiles.load(kDO, &P.dout, tiles.bar_query(), row0, h, b, 0);
       },
-      &P.k, &P.v, at, sched, first);
+      &P.k, &P.v, at, first >= 0 ? sched.key0(first) : -1);
 
   float lse[2], delta[2];
   load_dq_row_stats(p, b, h, bh, row_base, lse, delta);

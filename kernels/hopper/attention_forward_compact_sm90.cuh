@@ -93,8 +93,6 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     const auto next = list.pop();
     mbar_wait</*kSuspend=*/false>(tiles.bar_k(), phase);
     wgmma_fence();
-    // The tiles' addresses through a shuffle: warp-uniform as ptxas sees them, so the descriptors
-    // stay in uniform registers (no R2UR before each wgmma).
     wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
     wgmma_commit();
     wgmma_wait<0>();

@@ -73,8 +73,7 @@ struct CompactTiles {
   }
 
   // Thread 0: `load_query` (the query-side tiles: tile 0 onward, on the query barrier) and, when
-  // the schedule lists a key tile (`first` >= 0), its K and V into the last two tiles.
-  // The same with the first tile's first key (key0 < 0: none).
+  // the schedule lists a key tile (its first key key0 >= 0), its K and V into the last two tiles.
   template <typename LoadQuery>
   __device__ __forceinline__ void load_first(LoadQuery&& load_query, const kern::TensorMap* k,
                                              const kern::TensorMap* v, const CompactBlock& at,
@@ -86,12 +85,6 @@ struct CompactTiles {
         load(kTiles - 1, v, bar_v(), key0, at.hk, at.b);
       }
     }
-  }
-  template <typename LoadQuery, typename Schedule>
-  __device__ __forceinline__ void load_first(LoadQuery&& load_query, const kern::TensorMap* k,
-                                             const kern::TensorMap* v, const CompactBlock& at,
-                                             const Schedule& sched, int first) const {
-    load_first(load_query, k, v, at, first >= 0 ? sched.key0(first) : -1);
   }
 };
 

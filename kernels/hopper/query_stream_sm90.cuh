@@ -10,8 +10,6 @@
 // per consumer warp). K and V have separate full barriers so the S product can start before V lands.
 #pragma once
 
-#include <type_traits>
-
 #include "common/kernel_params.h"
 #include "hopper/sm90_primitives.cuh"
 
@@ -63,12 +61,9 @@ struct QueryStreamLayout {
   // __syncthreads and fenced for the tensor cores.
   template <typename T>
   __device__ __forceinline__ void fill_ones() const {
-    const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
     for (int i = threadIdx.x; i < kStages * kRegionBytes / 16; i += blockDim.x) {
       const int s = i / (kRegionBytes / 16), at = i % (kRegionBytes / 16);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
-                   ::"r"(v_tile(s) + kTileBytes + 16 * at), "r"(one2)
-                   : "memory");
+      store_ones16<T>(v_tile(s) + kTileBytes + 16 * at);
     }
     fence_proxy_async();
   }

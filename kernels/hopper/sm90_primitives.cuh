@@ -507,17 +507,27 @@ __device__ __forceinline__ void wgmma_rs_tile_complete(float (&acc)[D / 2], uint
   keep_operands_alive(a);
 }
 
-// A 2048-byte tile of 16-bit ones (T's 1.0) at `tile`, written by threads 0..127 (16 bytes each;
-// the others do nothing) and fenced for the tensor cores, which read it as the B operand of row
-// sums (the QAT forward's l = P·ones, the fused backward's rowsum(dS) = dS·ones). The caller's
-// next block-wide barrier makes it complete.
+// Two 16-bit ones (T's 1.0) in one word: the fill of the shared-memory tiles of ones that row sums
+// read as their B operand.
+template <typename T>
+__device__ __forceinline__ constexpr uint32_t ones_pair() {
+  return std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
+}
+// 16 bytes of ones at shared address `addr`.
+template <typename T>
+__device__ __forceinline__ void store_ones16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(ones_pair<T>())
+               : "memory");
+}
+
+// A 2048-byte tile of 16-bit ones at `tile`, written by threads 0..127 (16 bytes each; the others
+// do nothing) and fenced for the tensor cores, which read it as the B operand of row sums (the VSA
+// forward's l = P·ones, the fused backward's rowsum(dS) = dS·ones). The caller's next block-wide
+// barrier makes it complete.
 template <typename T>
 __device__ __forceinline__ void fill_ones_tile(uint32_t tile) {
   if (threadIdx.x >= 128) return;
-  const uint32_t one2 = std::is_same_v<T, Bf16> ? 0x3f803f80u : 0x3c003c00u;
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
-               ::"r"(tile + 16 * threadIdx.x), "r"(one2)
-               : "memory");
+  store_ones16<T>(tile + 16 * threadIdx.x);
   fence_proxy_async();
 }
 
