@@ -208,44 +208,74 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     if (lane == 0) mbar_arrive(ring.bar_empty(st));
   };
 
+  // Ping-pong (FlashAttention-3's): the two consumers take turns to issue their products, each
+  // turn {the tile's last P·V, the next tile's S}, so the tensor cores run one consumer's products
+  // while the other works through its softmax. Turn of consumer c: named barrier 1 + c over both
+  // consumers' 256 threads; a consumer takes its turn (sync) and passes it (arrive on the other's).
+  // Consumer 1 passes once first, so consumer 0 goes first; consumer 0 takes the turn once more at
+  // the end, so that every arrival meets its sync.
+  static_assert(kConsumers == 2, "ping-pong between two consumers");
+  auto take_turn = [&]() { named_barrier_sync(1 + c, 256); };
+  auto pass_turn = [&]() { named_barrier_arrive(2 - c, 256); };
+  named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
+  take_turn();
   {  // one tile at a time
     // S, then the tile's maxima and references, a rescale where a row's reference moved, then per
     // sub-tile its exponentials, FQ_P and P·V. The previous tile's P·V overlaps this tile's S; its
     // stage is released once both are done.
-    int pending = -1;
-    for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
-      const bool compute = tile < compute_end;
+    // Two loops: the tiles this consumer computes ([first, compute_end): tiles ascend), then the
+    // rest, whose stages it only waits for and releases (causal: the other consumer's rows see
+    // them). A branch on the tile inside one loop made ptxas serialize the wgmma pipeline (C7515).
+    int pending = -1, tile = sched.first();
+    for (; tile >= 0 && tile < compute_end; tile = sched.next(tile)) {
       mbar_wait(ring.bar_k(stage), phase);
-      if (compute) issue_s(k_tile(stage));
+      issue_s(k_tile(stage));
+      pass_turn();
       wgmma_wait<0>();
       fence_registers(s_flat);
       fence_accumulators();
       keep_alive();
       if (pending >= 0) release(pending);
       mbar_wait(ring.bar_v(stage), phase);
-      if (compute) {
-        apply_mask(tile);
-        float alpha[2];
-        LazyTileSoftmax<T, kSubTiles, kQuantizeP, /*kFiniteScores=*/kQuantizeP> softmax;
-        softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
-        // The accumulators are complete (the wait above covered the previous P·V), so the rescale
-        // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
-        // skips it (alpha is then exactly 1, and a multiplication by 1 changes nothing).
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
-        // Each sub-tile's P·V is issued as soon as its operands are ready: the tensor cores run
-        // the first under the second's exponentials and quantization.
+      apply_mask(tile);
+      float alpha[2];
+      LazyTileSoftmax<T, kSubTiles, kQuantizeP, /*kFiniteScores=*/kQuantizeP> softmax;
+      softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
+      // The accumulators are complete (the wait above covered the previous P·V), so the rescale
+      // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
+      // skips it (alpha is then exactly 1, and a multiplication by 1 changes nothing).
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
+      // Each sub-tile's P·V is issued as soon as its operands are ready: the tensor cores run
+      // the first under the second's exponentials and quantization. The last one opens this
+      // consumer's turn.
 #pragma unroll
-        for (int sub = 0; sub < kSubTiles; ++sub) {
-          softmax.operands(sub, s, p.scale_log2, a_hp, a_q);
-          issue_pv(v_tile(stage), sub * 2, 2);
-        }
+      for (int sub = 0; sub < kSubTiles; ++sub) {
+        softmax.operands(sub, s, p.scale_log2, a_hp, a_q);
+        if (sub == kSubTiles - 1) take_turn();
+        issue_pv(v_tile(stage), sub * 2, 2);
       }
+      pending = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    for (; tile >= 0; tile = sched.next(tile)) {
+      mbar_wait(ring.bar_k(stage), phase);
+      pass_turn();
+      wgmma_wait<0>();
+      fence_accumulators();
+      keep_alive();
+      if (pending >= 0) release(pending);
+      mbar_wait(ring.bar_v(stage), phase);
+      take_turn();
       pending = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
     wgmma_wait<0>();
     fence_accumulators();
     keep_alive();
+    // (Predicated forms, not the loop's: ptxas merged identical barrier code at the loop's exit
+    // into the loop's last wgmma pipeline stage and serialized it, C7515.)
+    named_barrier_arrive_if(true, 2 - c, 256);
+    named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
   }
 
   // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
