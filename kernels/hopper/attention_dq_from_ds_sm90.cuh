@@ -92,8 +92,10 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   // Warp 0 loads the listed tiles in order (its lane 0 issues), each into the stage its
   // predecessor kStages back has freed. Each warp walks the schedule through its own window
   // (Schedule::Window: VSA's list from registers, no dependent global loads per tile); warp 0 has
-  // a second one, kStages tiles ahead, for the loads.
-  typename Schedule::Window compute(sched), loads(sched);
+  // a second one, kStages tiles ahead, for the loads: a copy of the first, so the list is read
+  // once.
+  typename Schedule::Window compute(sched);
+  typename Schedule::Window loads = compute;
   auto to_load = loads.pop();
   const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;  // warp-uniform, as ptxas sees it
   auto load = [&](int stage) {
