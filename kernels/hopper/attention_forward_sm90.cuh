@@ -14,13 +14,16 @@
 // last P·V stays in flight while the next tile's S is issued. The accumulators are relative to a
 // lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once per tile before
 // its first P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel from 737 to
-// 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384; the softmax is issue-bound.
+// 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
+// The two consumers ping-pong (FlashAttention-3's schedule, named barriers): each in turn issues
+// {its tile's last P·V, its next tile's S} (session 17: +1.1-1.5%; sessions 6 and 7 had measured
+// earlier forms slower).
 // Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the next S
 // before this P·V; VSA 325 against 369 TFLOPS when VSA ran here; QAT, with the softmax's
-// exponentials under the previous P·V, 277.7 against 286.8 at S=16384, branch exp/overlap-s7),
-// and ping-pong between the two consumers (P·V of tile i and S of tile i + 1 in alternating
-// sections: 256.5 against 277.8 TFLOPS at S=16384; the NVFP4 arithmetic, not the tensor pipe,
-// bounds this kernel).
+// exponentials under the previous P·V, 277.7 against 286.8 at S=16384, branch exp/overlap-s7;
+// session 17, the last P·V of a tile behind the next S so that S is waited for alone: within
+// the spread, branch exp/early-s-s17). The softmax's NVFP4 arithmetic, latency-bound with two
+// consumer warps per scheduler, not the tensor pipe, bounds this kernel.
 // VSA's forward is attention_forward_compact_sm90.cuh: its q blocks share no K/V tiles, and four
 // producer-less blocks per SM beat two warp-specialized ones.
 //
