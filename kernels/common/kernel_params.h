@@ -94,15 +94,25 @@ struct Sm90BackwardParams {
   int32_t kv_unit0, ds_q_tiles, ds_slots;
 };
 
-// NVFP4 fake quantization of the tokens of a [B, H, S, D] tensor (Q/K/V preparation and
-// fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h).
-struct QuantizeParams {
+// NVFP4 fake quantization of the tokens of [B, H, S, D] tensors (Q/K/V preparation and
+// fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h). One
+// launch serves up to kMaxQuantizeJobs tensors (QAT's Q, K and V), a warp per tile of one of them:
+// one launch's ramp and tail instead of three.
+struct QuantizeJob {
   Tensor4 x, y;
-  int32_t B, H, S, D;
-  int32_t tile_tokens;
-  int32_t scale_mode;     // FVA_SCALE_BLOCK or FVA_SCALE_TILE
+  int32_t H, S;
   int32_t quantize;       // 0: copy (after the optional mean subtraction) without quantizing
   const float* mean;      // [D] fp32 subtracted before anything (smooth_k), or null
+  int64_t first_tile;     // the launch's first warp-tile of this job (jobs in order, from 0)
+};
+constexpr int kMaxQuantizeJobs = 3;
+struct QuantizeParams {
+  QuantizeJob job[kMaxQuantizeJobs];
+  int32_t num_jobs;
+  int32_t B, D;
+  int32_t tile_tokens;
+  int32_t scale_mode;     // FVA_SCALE_BLOCK or FVA_SCALE_TILE
+  int64_t tiles;          // warp-tiles over every job
 };
 
 // Per-channel mean of k over (B, H, S) in two deterministic steps: fixed chunks of tokens summed in

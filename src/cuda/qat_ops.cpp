@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <vector>
 
 #include "cuda_ops.h"
 #include "error.h"
@@ -94,31 +95,51 @@ DqPath dq_path(const fva_handle& h, const cpu::QatProblem& p) {
   return path;
 }
 
-void launch_quantize(const fva_handle& h, int32_t dtype, const kern::Tensor4& x,
-                     const kern::Tensor4& y, int64_t B, int64_t H, int64_t S, int64_t D,
-                     int32_t scale_mode, int32_t tile_tokens, bool quantize, const float* mean,
-                     void* stream) {
+// One tensor of a quantization launch: x [B, H, S, D] into y.
+struct QuantizeTensor {
+  kern::Tensor4 x, y;
+  int64_t H, S;
+  bool quantize;
+  const float* mean;
+};
+
+// One launch over up to kern::kMaxQuantizeJobs tensors sharing B, D and the scale mode.
+void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<QuantizeTensor>& jobs,
+                     int64_t B, int64_t D, int32_t scale_mode, int32_t tile_tokens, void* stream) {
+  if (jobs.empty()) return;
+  if (jobs.size() > static_cast<size_t>(kern::kMaxQuantizeJobs))
+    fail(FVA_ERR_INTERNAL, "NVFP4 quantization: {} tensors in one launch (at most {})", jobs.size(),
+         kern::kMaxQuantizeJobs);
   // The kernel moves 16-element groups with 16-byte accesses: check_attention_tensor's alignment
   // (data, and the strides of dimensions longer than 1, multiples of 16 bytes) guarantees it, and
   // the workspace copies are contiguous; a caller that broke this would fault on the device.
-  auto aligned = [&](const kern::Tensor4& t) {
-    const int64_t used = (B > 1 ? t.stride_b : 0) | (H > 1 ? t.stride_h : 0) | (S > 1 ? t.stride_s : 0);
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && used % 8 == 0 && D % 16 == 0;
-  };
-  if (!aligned(x) || !aligned(y))
-    fail(FVA_ERR_INTERNAL, "NVFP4 quantization: a tensor is not 16-byte aligned per group");
   kern::QuantizeParams q{};
-  q.x = x;
-  q.y = y;
+  q.num_jobs = static_cast<int32_t>(jobs.size());
   q.B = static_cast<int32_t>(B);
-  q.H = static_cast<int32_t>(H);
-  q.S = static_cast<int32_t>(S);
   q.D = static_cast<int32_t>(D);
   q.tile_tokens = tile_tokens;
   q.scale_mode = scale_mode;
-  q.quantize = quantize ? 1 : 0;
-  q.mean = mean;
-  const int64_t tiles = B * H * ((S + tile_tokens - 1) / tile_tokens);
+  int64_t tiles = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const QuantizeTensor& t = jobs[i];
+    auto aligned = [&](const kern::Tensor4& x) {
+      const int64_t used =
+          (B > 1 ? x.stride_b : 0) | (t.H > 1 ? x.stride_h : 0) | (t.S > 1 ? x.stride_s : 0);
+      return reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && used % 8 == 0 && D % 16 == 0;
+    };
+    if (!aligned(t.x) || !aligned(t.y))
+      fail(FVA_ERR_INTERNAL, "NVFP4 quantization: a tensor is not 16-byte aligned per group");
+    kern::QuantizeJob& j = q.job[i];
+    j.x = t.x;
+    j.y = t.y;
+    j.H = static_cast<int32_t>(t.H);
+    j.S = static_cast<int32_t>(t.S);
+    j.quantize = t.quantize ? 1 : 0;
+    j.mean = t.mean;
+    j.first_tile = tiles;
+    tiles += B * t.H * ((t.S + tile_tokens - 1) / tile_tokens);
+  }
+  q.tiles = tiles;
   Launch l;
   l.grid_x = blocks_for(tiles, 4);  // a warp per tile, 4 warps per block
   launch("prep", fmt::format("fva_nvfp4_quantize_{}", dtype_suffix(dtype)).c_str(), h.device, l,
@@ -153,21 +174,21 @@ kern::AttentionParams prepare(const fva_handle& h, const cpu::QatProblem& p, boo
   a.k = tensor4(k);
   a.v = tensor4(v);
   const int32_t mode = p.cfg.qkv_scale;
+  // Q, K and V in one launch (the k mean, above, is complete before it: same stream).
+  std::vector<QuantizeTensor> jobs;
   if (prep.q) {
     a.q = contiguous4(buf.fq, p.Hq, p.Sq, p.D);
-    launch_quantize(h, dtype, tensor4(q), a.q, p.B, p.Hq, p.Sq, p.D, mode, kQatTileTokens, true,
-                    nullptr, stream);
+    jobs.push_back({tensor4(q), a.q, p.Hq, p.Sq, true, nullptr});
   }
   if (prep.k) {
     a.k = contiguous4(buf.fk, p.Hkv, p.Skv, p.D);
-    launch_quantize(h, dtype, tensor4(k), a.k, p.B, p.Hkv, p.Skv, p.D, mode, kQatTileTokens,
-                    quantize, buf.k_mean, stream);
+    jobs.push_back({tensor4(k), a.k, p.Hkv, p.Skv, quantize, buf.k_mean});
   }
   if (prep.v) {
     a.v = contiguous4(buf.fv, p.Hkv, p.Skv, p.D);
-    launch_quantize(h, dtype, tensor4(v), a.v, p.B, p.Hkv, p.Skv, p.D, mode, kQatTileTokens, true,
-                    nullptr, stream);
+    jobs.push_back({tensor4(v), a.v, p.Hkv, p.Skv, true, nullptr});
   }
+  launch_quantize(h, dtype, jobs, p.B, p.D, mode, kQatTileTokens, stream);
   a.k_mean = buf.k_mean;
   a.B = static_cast<int32_t>(p.B);
   a.Hq = static_cast<int32_t>(p.Hq);
@@ -306,9 +327,9 @@ void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const 
   ensure_context(h.device);
   // Block mode has no tile: 32-token work units keep every warp busy.
   const int64_t tile = p.scale_mode == FVA_SCALE_TILE ? p.tile_tokens : 32;
-  launch_quantize(h, x.dtype, tensor4(x), tensor4(y), x.shape[0], x.shape[1], x.shape[2],
-                  x.shape[3], p.scale_mode, static_cast<int32_t>(std::min<int64_t>(tile, x.shape[2])),
-                  true, nullptr, stream);
+  launch_quantize(h, x.dtype, {{tensor4(x), tensor4(y), x.shape[1], x.shape[2], true, nullptr}},
+                  x.shape[0], x.shape[3], p.scale_mode,
+                  static_cast<int32_t>(std::min<int64_t>(tile, x.shape[2])), stream);
 }
 
 }  // namespace fva::cuda
