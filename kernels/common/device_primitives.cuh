@@ -121,9 +121,14 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Barrier over `threads` threads (a multiple of 32) with hardware barrier `id` (1..15; 0 is
-// __syncthreads): lets a pair of warps exchange values without stopping the whole block.
+// __syncthreads): lets a pair of warps exchange values without stopping the whole block. The
+// "memory" clobber keeps the compiler from moving shared-memory accesses across it (the values
+// exchanged are written before and read after it). bar.arrive counts this warp in and goes on.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads));
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- warp reductions --------------------------------------------------------------------------

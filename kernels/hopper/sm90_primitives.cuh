@@ -120,16 +120,9 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// Named barriers (1..15; 0 is __syncthreads') over `count` threads, whole warps: sync waits until
-// `count` threads have arrived (itself included), arrive counts this warp and goes on.
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// The same where `when` holds, as predicated instructions rather than a branch: a branch between a
-// wgmma and its wait can make ptxas serialize the wgmma pipeline (C7515).
+// named_barrier_sync / named_barrier_arrive (device_primitives.cuh) where `when` holds, as
+// predicated instructions rather than a branch: a branch between a wgmma and its wait can make
+// ptxas serialize the wgmma pipeline (C7515).
 __device__ __forceinline__ void named_barrier_sync_if(bool when, int id, int count) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p bar.sync %1, %2;\n}\n"
                ::"r"(static_cast<uint32_t>(when)), "r"(id), "r"(count) : "memory");
