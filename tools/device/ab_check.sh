@@ -12,7 +12,10 @@
 # has no speed worth measuring.
 #   BASE_PATCH (required: `git diff <base> -- kernels src > ab-base.patch` here, left untracked),
 #   TESTS (default: every GPU test), SANITIZERS (default: racecheck synccheck), ROUNDS (default 2),
-#   BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT (default: /tmp/fvattn-ab-check).
+#   BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT (default: /tmp/fvattn-ab-check),
+#   KERNEL_TIMES (optional, a kernel-name regex: then each build's launches of those kernels are
+#   timed by tools/device/kernel_times.sh at S=16384 after the A/B, and summary.txt ends with the
+#   median per kernel of both).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab-check}
 mkdir -p "$OUT"
@@ -64,4 +67,27 @@ for r in range(1, rounds + 1):
 json.dump(runs, open(out, "w"), indent=1)
 PY
 sed -n '/^op  /,$p' "$work/ab.log" | tee -a "$summary"
+if [ -n "${KERNEL_TIMES:-}" ]; then
+  for v in base new; do
+    b=build-gpu
+    [ $v = base ] && b=/tmp/fvattn-ab-base/build-gpu
+    BUILD_DIR=$b KERNELS="$KERNEL_TIMES" SEQ=16384 OUT="$work/times-$v" timeout 120 \
+      tools/device/kernel_times.sh > "$work/times-$v.txt" 2>&1
+  done
+  python3 - "$work/times-base.txt" "$work/times-new.txt" <<'PY' | tee -a "$summary"
+import re, statistics, sys
+def medians(path):
+    us = {}
+    for line in open(path):
+        m = re.match(r"S=\d+\s+(\S+)\s+([\d.]+) us", line)
+        if m and m.group(1) != "sum":
+            us.setdefault(m.group(1), []).append(float(m.group(2)))
+    return {k: (statistics.median(v), len(v)) for k, v in us.items()}
+base, new = medians(sys.argv[1]), medians(sys.argv[2])
+print(f"{'kernel (ncu, S=16384)':44s} {'base us (launches)':>20s} {'new us (launches)':>20s}")
+for k in sorted(set(base) | set(new)):
+    cell = lambda d: f"{d[k][0]:.1f} ({d[k][1]})" if k in d else "-"
+    print(f"{k[:44]:44s} {cell(base):>20s} {cell(new):>20s}")
+PY
+fi
 finish 0

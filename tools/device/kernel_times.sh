@@ -5,6 +5,7 @@
 # small kernels included. KERNELS (regex, default the VSA backward's), SEQ (default 16384).
 set -uo pipefail
 B=${BUILD_DIR:-build-gpu}
+mkdir -p "${OUT:-/tmp}"
 out=${OUT:-/tmp}/times-${SEQ:-16384}
 ncu --clock-control none --kernel-name "regex:${KERNELS:-vsa_bwd|vsa_invert|fva_delta}" \
   --metrics gpu__time_duration.sum --csv --page raw --log-file "$out.csv" \

@@ -6,6 +6,7 @@
 # warp stall reasons. Clocks are left alone (--clock-control none).
 #   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384).
 set -uo pipefail
+mkdir -p "${OUT:-/tmp}"
 B=${BUILD_DIR:-build-gpu}
 m=gpu__time_duration.sum
 m+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active

@@ -13,6 +13,7 @@
 set -uo pipefail
 B=${BUILD_DIR:-build-gpu}
 OUT=${OUT:-/tmp}
+mkdir -p "$OUT"
 seq=${SEQ:-16384}
 tag=${NAME:-hot}
 ncu --clock-control none --kernel-name "regex:${KERNEL:?KERNEL regex}" --launch-count 1 \
