@@ -140,6 +140,10 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
     tiles += B * t.H * ((t.S + tile_tokens - 1) / tile_tokens);
   }
   q.tiles = tiles;
+  // (Unreachable on any device's memory: 2^31 blocks are 2^38 tokens.)
+  if ((tiles + 3) / 4 > std::numeric_limits<int32_t>::max())
+    fail(FVA_ERR_UNSUPPORTED, "NVFP4 quantization: {} tiles of {} tokens are more than one launch holds",
+         tiles, tile_tokens);
   Launch l;
   l.grid_x = blocks_for(tiles, 4);  // a warp per tile, 4 warps per block
   launch("prep", fmt::format("fva_nvfp4_quantize_{}", dtype_suffix(dtype)).c_str(), h.device, l,
