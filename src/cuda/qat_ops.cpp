@@ -140,12 +140,15 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
     tiles += B * t.H * ((t.S + tile_tokens - 1) / tile_tokens);
   }
   q.tiles = tiles;
+  constexpr int64_t kWarpsPerBlock = 4;  // a warp per tile
+  const int64_t blocks = (tiles + kWarpsPerBlock - 1) / kWarpsPerBlock;
   // (Unreachable on any device's memory: 2^31 blocks are 2^38 tokens.)
-  if ((tiles + 3) / 4 > std::numeric_limits<int32_t>::max())
+  if (blocks > std::numeric_limits<int32_t>::max())
     fail(FVA_ERR_UNSUPPORTED, "NVFP4 quantization: {} tiles of {} tokens are more than one launch holds",
          tiles, tile_tokens);
   Launch l;
-  l.grid_x = blocks_for(tiles, 4);  // a warp per tile, 4 warps per block
+  l.grid_x = static_cast<unsigned>(blocks);
+  l.block = static_cast<unsigned>(32 * kWarpsPerBlock);
   launch("prep", fmt::format("fva_nvfp4_quantize_{}", dtype_suffix(dtype)).c_str(), h.device, l,
          stream, q);
 }

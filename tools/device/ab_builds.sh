@@ -7,13 +7,14 @@
 # ROUNDS times (default 2), on the same card in the same power state, and a table of TFLOPS (and
 # the SM clock) per op and length comes last. Unlike tools/device/experiments.sh, the variants
 # need no runtime switch in the library.
-#   BASE_PATCH (required), ROUNDS, BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT.
+#   BASE_PATCH (required), ROUNDS, BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT,
+#   AB_BASE_DIR (where the base tree is built; default /tmp/fvattn-ab-base).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab}
 mkdir -p "$OUT"
 patch_file=$(realpath "${BASE_PATCH:?BASE_PATCH: a patch from the base to this checkout}")
 bench_args=${BENCH_ARGS:---seq 16384,32768 --no-sdpa}
-base=/tmp/fvattn-ab-base
+base=${AB_BASE_DIR:-/tmp/fvattn-ab-base}  # the base tree and its build-gpu
 deps="$(pwd)/.device-deps/usr"
 rm -rf "$base" && mkdir -p "$base"
 tar --exclude=./build-gpu --exclude='./build-*' --exclude=./.git -cf - . | tar -C "$base" -xf -

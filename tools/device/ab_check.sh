@@ -54,7 +54,8 @@ for tool in ${SANITIZERS:-racecheck synccheck}; do
 done
 [ $failed -eq 0 ] || finish 1
 
-OUT="$work/ab" tools/device/ab_builds.sh > "$work/ab.log" 2>&1
+base_dir=/tmp/fvattn-ab-base  # ab_builds.sh builds the base there (AB_BASE_DIR)
+OUT="$work/ab" AB_BASE_DIR="$base_dir" tools/device/ab_builds.sh > "$work/ab.log" 2>&1
 python3 - "$work/ab" "${ROUNDS:-2}" "$OUT/ab-all.json" <<'PY'
 import json, os, sys
 ab, rounds, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -70,7 +71,7 @@ sed -n '/^op  /,$p' "$work/ab.log" | tee -a "$summary"
 if [ -n "${KERNEL_TIMES:-}" ]; then
   for v in base new; do
     b=build-gpu
-    [ $v = base ] && b=/tmp/fvattn-ab-base/build-gpu
+    [ $v = base ] && b=$base_dir/build-gpu
     BUILD_DIR=$b KERNELS="$KERNEL_TIMES" SEQ=16384 OUT="$work/times-$v" timeout 120 \
       tools/device/kernel_times.sh > "$work/times-$v.txt" 2>&1
   done
