@@ -33,6 +33,7 @@ struct BenchOptions {
   int warmup = 3, iters = 20;
   double density = 0.25;
   bool local_lists = false;  // --lists local: video-like lists (vsa_lists)
+  bool qat = true, vsa = true;  // --ops: which ops run
   std::string json_path;
   bool sdpa = true;
 };
@@ -151,34 +152,37 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
   auto t3 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_F32, {B, H, S}); };
   const double dense = 4.0 * B * H * static_cast<double>(S) * S * D;
 
-  // ---- QAT, production preset ----
-  const fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
-  size_t fb = 0, bb = 0;
-  {
-    const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
-    fva_check(fva_qat_forward_workspace_size(h, &cfg, &q, &k, &v, &fb), "qat workspace");
-    fva_check(fva_qat_backward_workspace_size(h, &cfg, &q, &k, &v, &bb), "qat workspace");
+  double ms = 0.0;
+  if (o.qat) {  // ---- QAT, production preset ----
+    const fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
+    size_t fb = 0, bb = 0;
+    {
+      const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
+      fva_check(fva_qat_forward_workspace_size(h, &cfg, &q, &k, &v, &fb), "qat workspace");
+      fva_check(fva_qat_backward_workspace_size(h, &cfg, &q, &k, &v, &bb), "qat workspace");
+    }
+    DeviceArray ws(std::max(fb, bb));
+    auto qat_fwd = [&](int i) {
+      const AttnSet& s = a[static_cast<size_t>(i % sets)];
+      const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), oh = t4(s.o_hp), l = t3(s.lse);
+      fva_check(fva_qat_forward(h, &cfg, &q, &k, &v, &oo, &oh, &l, ws.get(), fb, stream), "fva_qat_forward");
+    };
+    fmt::print(stderr, "bench S={}: QAT forward ...\n", S);
+    ms = timed(qat_fwd);
+    out.push_back({"qat_forward", S, ms, dense / (ms * 1e9), 1.5 * dense / (ms * 1e9), seen});
+    for (int i = 0; i < sets; ++i) qat_fwd(i);  // o_hp and lse for the backward
+    auto qat_bwd = [&](int i) {
+      const AttnSet& s = a[static_cast<size_t>(i % sets)];
+      const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oh = t4(s.o_hp), l = t3(s.lse),
+                         d = t4(s.dout), gq = t4(s.dq), gk = t4(s.dk), gv = t4(s.dv);
+      fva_check(fva_qat_backward(h, &cfg, &q, &k, &v, &oh, &l, &d, &gq, &gk, &gv, ws.get(), bb, stream),
+                "fva_qat_backward");
+    };
+    fmt::print(stderr, "bench S={}: QAT backward ...\n", S);
+    ms = timed(qat_bwd);
+    out.push_back({"qat_backward", S, ms, 2.5 * dense / (ms * 1e9), 0.0, seen});
   }
-  DeviceArray ws(std::max(fb, bb));
-  auto qat_fwd = [&](int i) {
-    const AttnSet& s = a[static_cast<size_t>(i % sets)];
-    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), oh = t4(s.o_hp), l = t3(s.lse);
-    fva_check(fva_qat_forward(h, &cfg, &q, &k, &v, &oo, &oh, &l, ws.get(), fb, stream), "fva_qat_forward");
-  };
-  fmt::print(stderr, "bench S={}: QAT forward ...\n", S);
-  double ms = timed(qat_fwd);
-  out.push_back({"qat_forward", S, ms, dense / (ms * 1e9), 1.5 * dense / (ms * 1e9), seen});
-  for (int i = 0; i < sets; ++i) qat_fwd(i);  // o_hp and lse for the backward
-  auto qat_bwd = [&](int i) {
-    const AttnSet& s = a[static_cast<size_t>(i % sets)];
-    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oh = t4(s.o_hp), l = t3(s.lse),
-                       d = t4(s.dout), gq = t4(s.dq), gk = t4(s.dk), gv = t4(s.dv);
-    fva_check(fva_qat_backward(h, &cfg, &q, &k, &v, &oh, &l, &d, &gq, &gk, &gv, ws.get(), bb, stream),
-              "fva_qat_backward");
-  };
-  fmt::print(stderr, "bench S={}: QAT backward ...\n", S);
-  ms = timed(qat_bwd);
-  out.push_back({"qat_backward", S, ms, 2.5 * dense / (ms * 1e9), 0.0, seen});
+  if (!o.vsa) return;
 
   // ---- VSA at the requested density: each q block lists top-k = nblocks * density kv blocks ----
   const int64_t nb = S / 64, topk = std::max<int64_t>(1, static_cast<int64_t>(nb * o.density));
@@ -312,14 +316,16 @@ int cmd_bench(int argc, char** argv) {
           "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
           "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
           "                    [--kernels auto|portable|both] [--deterministic]\n"
-          "                    [--lists random|local]\n"
+          "                    [--lists random|local] [--ops qat,vsa]\n"
           "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
           "             portable kernels' rows marked '/portable'\n"
           "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
           "             runs its dQ kernel instead of dQ fused into dK/dV)\n"
           "  --lists: VSA's q2k lists: random (the default; what issue 5's targets use) or\n"
           "             local (video-like: each q block picks the kv blocks nearest it in a\n"
-          "             (t, y, x) tile grid, with noise; neighbours share most of their picks)\n");
+          "             (t, y, x) tile grid, with noise; neighbours share most of their picks)\n"
+          "  --ops: which of the library's ops run: qat, vsa or both (the default); PyTorch's\n"
+          "             SDPA runs unless --no-sdpa\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -337,6 +343,14 @@ int cmd_bench(int argc, char** argv) {
         return 2;
       }
       o.local_lists = v == "local";
+    } else if (a == "--ops") {
+      const std::string v = next();
+      o.qat = v == "qat" || v == "qat,vsa" || v == "vsa,qat";
+      o.vsa = v == "vsa" || v == "qat,vsa" || v == "vsa,qat";
+      if (!o.qat && !o.vsa) {
+        fmt::print(stderr, "fvattn bench: --ops takes qat, vsa or qat,vsa\n");
+        return 2;
+      }
     } else if (a == "--json") {
       o.json_path = next();
     } else if (a == "--no-sdpa") {

@@ -266,10 +266,10 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
 // FQ_P(p) * 2^(m_run - m_ref) rounded to the dtype: only rounding differs from scaling o at every
 // max change. Without quantization (kQuantizeP false) it is the lazy rescale of
 // softmax_exponentials.
-// In two parts, so that a sub-tile's P·V can be issued before the next sub-tile's exponentials:
-// LazyTileSoftmax::begin (the maxima, the references, alpha, the groups' scales), then
-// operands(sub) per sub-tile: a_hp (the dtype-rounded p_ref) and a_q (FQ_P, folded), the A operands
-// of the sub-tile's 2 k16 steps of P·V.
+// In two parts, so that the caller can rescale between them: LazyTileSoftmax::begin (the maxima,
+// the references, alpha, the groups' scales), then operands(sub) per sub-tile: a_hp (the
+// dtype-rounded p_ref) and a_q (FQ_P, folded), the A operands of the sub-tile's 2 k16 steps of
+// P·V. (The sm_90a forward computes both sub-tiles' operands before any P·V: session 18.)
 //
 // kFiniteScores: every score is finite (the QAT forward: its Q and K are fake-quantized, so finite,
 // and masked keys get a finite logit), so no row's max is -inf after its first tile and the guards

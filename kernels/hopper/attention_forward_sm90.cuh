@@ -9,9 +9,9 @@
 //   - setmaxnreg moves registers from the producer to the consumers.
 // Two consumers share every K/V tile (128 query rows per block: half the L2 traffic per FLOP).
 // Within a consumer, a key tile is S (wgmma), then the tile's maxima (the running max advances per
-// 32-key sub-tile, as in the CPU reference, see attention_forward.cuh), then per sub-tile its
-// exponentials, FQ_P and P·V, the first sub-tile's P·V running under the second's arithmetic; the
-// last P·V stays in flight while the next tile's S is issued. The accumulators are relative to a
+// 32-key sub-tile, as in the CPU reference, see attention_forward.cuh), then both sub-tiles'
+// exponentials and FQ_P, then the tile's P·V in one issue (session 18: +3-8.5% over a P·V per
+// sub-tile), which stays in flight while the next tile's S is issued. The accumulators are relative to a
 // lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once per tile before
 // its first P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel from 737 to
 // 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
@@ -249,15 +249,15 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
       // skips it (alpha is then exactly 1, and a multiplication by 1 changes nothing).
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
-      // Each sub-tile's P·V is issued as soon as its operands are ready: the tensor cores run
-      // the first under the second's exponentials and quantization. The last one opens this
-      // consumer's turn.
+      // Both sub-tiles' operands, then the tile's P·V in one issue, in this consumer's turn. (Until
+      // session 18 the first sub-tile's P·V was issued before the second's operands, to run
+      // under its arithmetic; with the ping-pong the other consumer's products fill the tensor
+      // cores then anyway, and one stretch of 32 independent elements per thread instead of two
+      // of 16 is what the latency-bound softmax needed: +8.5% / +3.2% at S = 16384 / 32768.)
 #pragma unroll
-      for (int sub = 0; sub < kSubTiles; ++sub) {
-        softmax.operands(sub, s, p.scale_log2, a_hp, a_q);
-        if (sub == kSubTiles - 1) take_turn();
-        issue_pv(v_tile(stage), sub * 2, 2);
-      }
+      for (int sub = 0; sub < kSubTiles; ++sub) softmax.operands(sub, s, p.scale_log2, a_hp, a_q);
+      take_turn();
+      issue_pv(v_tile(stage), 0, 2 * kSubTiles);
       pending = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
@@ -285,11 +285,14 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
   const float l[2] = {o_hp[D / 2], o_hp[D / 2 + 2]};
   const float(&pv)[D / 2] = reinterpret_cast<const float(&)[D / 2]>(o_hp);  // P·V's D columns
+  // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for them.
+  const int bh_out = static_cast<int>(opaque(blockIdx.y));
+  const int b_out = bh_out / p.Hq, h_out = bh_out % p.Hq;
   if constexpr (kQuantizeP) {
-    store_forward_outputs<T, D, true>(p, b, h, row_base, t, o, pv, m_ref, l);
+    store_forward_outputs<T, D, true>(p, b_out, h_out, row_base, t, o, pv, m_ref, l);
   } else {
     const float o_hp_unused[1] = {0.0f};
-    store_forward_outputs<T, D, false>(p, b, h, row_base, t, pv, o_hp_unused, m_ref, l);
+    store_forward_outputs<T, D, false>(p, b_out, h_out, row_base, t, pv, o_hp_unused, m_ref, l);
   }
 }
 

@@ -16,11 +16,14 @@ namespace fva::dev::sm90 {
 struct CompactBlock {
   int bh, b, h, hk, row0;
   __device__ __forceinline__ explicit CompactBlock(const kern::AttentionParams& p)
-      : bh(blockIdx.y),
+      : CompactBlock(p, blockIdx.x, blockIdx.y) {}
+  // From the block's index as given (a kernel may pass fresh, opaque reads of it).
+  __device__ __forceinline__ CompactBlock(const kern::AttentionParams& p, uint32_t x, uint32_t y)
+      : bh(static_cast<int>(y)),
         b(bh / p.Hq),
         h(bh % p.Hq),
         hk(h / (p.Hq / p.Hkv)),
-        row0((gridDim.x - 1 - blockIdx.x) * 64) {}
+        row0(static_cast<int>(gridDim.x - 1 - x) * 64) {}
 };
 
 template <int D, int kTiles, bool kOnesTile = false>

@@ -8,7 +8,9 @@
 # the SM clock) per op and length comes last. Unlike tools/device/experiments.sh, the variants
 # need no runtime switch in the library.
 #   BASE_PATCH (required), ROUNDS, BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT,
-#   AB_BASE_DIR (where the base tree is built; default /tmp/fvattn-ab-base).
+#   AB_BASE_DIR (where the base tree is built; default /tmp/fvattn-ab-base), NEW_ENVS (more
+#   variants of the new build, each NAME=VAR=VALUE, space-separated, e.g.
+#   "oneshot=FVATTN_EXPERIMENT=oneshot": benched in every round after "new", with VAR set).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab}
 mkdir -p "$OUT"
@@ -27,27 +29,30 @@ if ! { cmake -S "$base" -B "$base/build-gpu" -G Ninja -DFVATTN_CUDA=ON -DCMAKE_B
        cmake --build "$base/build-gpu" -j "$(nproc)"; } > "$OUT/ab-base-build.log" 2>&1; then
   tail -n 20 "$OUT/ab-base-build.log"; echo "ab: the base did not build"; exit 1
 fi
+variants="base new"
+for e in ${NEW_ENVS:-}; do variants+=" ${e%%=*}"; done
 for r in $(seq "${ROUNDS:-2}"); do
-  for v in base new; do
-    bin=build-gpu/tools/fvattn
+  for v in $variants; do
+    bin=build-gpu/tools/fvattn env=()
     [ $v = base ] && bin=$base/build-gpu/tools/fvattn
-    timeout 300 "$bin" bench --json "$OUT/ab-$v-$r.json" $bench_args > "$OUT/ab-$v-$r.log" 2>&1 ||
+    for e in ${NEW_ENVS:-}; do [ "${e%%=*}" = "$v" ] && env=("${e#*=}"); done
+    timeout 300 env "${env[@]}" "$bin" bench --json "$OUT/ab-$v-$r.json" $bench_args > "$OUT/ab-$v-$r.log" 2>&1 ||
       echo "ab: $v round $r failed (rc $?), see ab-$v-$r.log"
   done
 done
-python3 - "$OUT" "${ROUNDS:-2}" <<'PY'
+python3 - "$OUT" "${ROUNDS:-2}" $variants <<'PY'
 import json, os, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 cells = {}
 for r in range(1, rounds + 1):
-    for v in ("base", "new"):
+    for v in variants:
         path = os.path.join(out, f"ab-{v}-{r}.json")
         if not os.path.exists(path):
             continue
         for x in json.load(open(path))["results"]:
             cells.setdefault((x["op"], x["S"]), {}).setdefault(v, []).append(
                 f"{x['tflops']:.1f}@{x.get('sm_mhz_median', 0)}")
-print(f"{'op':22s} {'S':>6s}  {'base (TFLOPS@MHz, by round)':34s} new")
+print(f"{'op':22s} {'S':>6s}  " + " ".join(f"{(name + ' (TFLOPS@MHz, by round)') if name == 'base' else name:34s}" for name in variants))
 for (op, s), v in cells.items():
-    print(f"{op:22s} {s:6d}  {', '.join(v.get('base', [])):34s} {', '.join(v.get('new', []))}")
+    print(f"{op:22s} {s:6d}  " + " ".join(f"{', '.join(v.get(name, [])):34s}" for name in variants))
 PY
