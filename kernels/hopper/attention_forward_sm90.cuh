@@ -11,9 +11,9 @@
 // Within a consumer, a key tile is S (wgmma), then the tile's maxima (the running max advances per
 // 32-key sub-tile, as in the CPU reference, see attention_forward.cuh), then both sub-tiles'
 // exponentials and FQ_P, then the tile's P·V in one issue (session 18: +3-8.5% over a P·V per
-// sub-tile), which stays in flight while the next tile's S is issued. The accumulators are relative to a
-// lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once per tile before
-// its first P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel from 737 to
+// sub-tile), which stays in flight while the next tile's S is issued. The accumulators are
+// relative to a lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once
+// per tile before its P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel from 737 to
 // 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
 // The two consumers ping-pong (FlashAttention-3's schedule, named barriers): each in turn issues
 // {its tile's last P·V, its next tile's S} (session 17: +1.1-1.5%; sessions 6 and 7 had measured
