@@ -13,8 +13,8 @@
 // exponentials and FQ_P, then the tile's P·V in one issue (session 18: +3-8.5% over a P·V per
 // sub-tile), which stays in flight while the next tile's S is issued. The accumulators are
 // relative to a lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once
-// per tile before its P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel from 737 to
-// 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
+// per tile before its P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel
+// from 737 to 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
 // The two consumers ping-pong (FlashAttention-3's schedule, named barriers): each in turn issues
 // {its tile's last P·V, its next tile's S} (session 17: +1.1-1.5%; sessions 6 and 7 had measured
 // earlier forms slower).
@@ -224,9 +224,9 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
   take_turn();
   {  // one tile at a time
-    // S, then the tile's maxima and references, a rescale where a row's reference moved, then per
-    // sub-tile its exponentials, FQ_P and P·V. The previous tile's P·V overlaps this tile's S; its
-    // stage is released once both are done.
+    // S, then the tile's maxima and references, a rescale where a row's reference moved, then
+    // both sub-tiles' exponentials and FQ_P, then the tile's P·V. The previous tile's P·V overlaps
+    // this tile's S; its stage is released once both are done.
     // Two loops: the tiles this consumer computes ([first, compute_end): tiles ascend), then the
     // rest, whose stages it only waits for and releases (causal: the other consumer's rows see
     // them). A branch on the tile inside one loop made ptxas serialize the wgmma pipeline (C7515).
