@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/float_formats.h"
+#include "common/key_order.h"
 #include "common/nvfp4.h"
 
 namespace {
@@ -531,4 +532,21 @@ TEST_CASE("nvfp4 tile mode: enc, dec and the decode follow the header's fp32 con
     }
   }
   CHECK(mismatches == 0);
+}
+
+TEST_CASE("the owned-group key order: a bijection of 64 keys, each NVFP4 group in one quad lane") {
+  // A wgmma accumulator's lane t holds columns 8j + 2t + e (j = 0..7, e = 0, 1): in slot order,
+  // those must be exactly the 16 keys of group t, and the inverse must undo the order.
+  std::vector<int> seen(fva::kOwnedTileKeys, 0);
+  for (int key = 0; key < fva::kOwnedTileKeys; ++key) {
+    const int slot = fva::owned_slot_of_key(key);
+    REQUIRE(slot >= 0);
+    REQUIRE(slot < fva::kOwnedTileKeys);
+    ++seen[slot];
+    CHECK(fva::key_of_owned_slot(slot) == key);
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == fva::kOwnedTileKeys);
+  for (int t = 0; t < 4; ++t)
+    for (int j = 0; j < 8; ++j)
+      for (int e = 0; e < 2; ++e) CHECK(fva::key_of_owned_slot(8 * j + 2 * t + e) / 16 == t);
 }

@@ -102,6 +102,8 @@ struct QuantizeJob {
   Tensor4 x, y;
   int32_t H, S;
   int32_t quantize;       // 0: copy (after the optional mean subtraction) without quantizing
+  int32_t owned_order;    // 1: y's rows in the Hopper QAT forward's key order (common/key_order.h),
+                          // each (b, h) padded with zero rows to a multiple of 64; y != x
   const float* mean;      // [D] fp32 subtracted before anything (smooth_k), or null
   int64_t first_tile;     // the launch's first warp-tile of this job (jobs in order, from 0)
 };

@@ -84,6 +84,8 @@ __device__ __forceinline__ float nvfp4_block_reciprocal(float s) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
   return fmaf(r, fmaf(-s, r, 1.0f), r);
 }
+#elif defined(__CUDACC__)
+__device__ float nvfp4_block_reciprocal(float s);  // nvcc's host pass: declared for templates
 #endif
 
 // nvfp4_group in block mode (enc = dec = 1), the form the kernels use for P.

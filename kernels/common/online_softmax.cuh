@@ -367,6 +367,98 @@ struct LazyTileSoftmax {
         reinterpret_cast<uint32_t(&)[kQuantizeP ? kNT / 2 : 1][4]>(a_q[kQuantizeP ? sub * (kNT / 2) : 0]),
         BlockScalesQuadShared{});
   }
+  // Every sub-tile's operands.
+  __device__ __forceinline__ void tile_operands(float (&s)[kSubTiles * kNT][4], float scale_log2,
+                                                uint32_t (&a_hp)[kSubTiles * 2][4],
+                                                uint32_t (&a_q)[kQuantizeP ? kSubTiles * 2 : 1][4]) {
+#pragma unroll
+    for (int sub = 0; sub < kSubTiles; ++sub) operands(sub, s, scale_log2, a_hp, a_q);
+  }
+};
+
+// LazyTileSoftmax's quantized form (block scales, finite scores) for a 64-key tile whose keys are
+// in the owned-group order (key_order.h): lane t of the quad holds all 16 keys of NVFP4 group t of
+// each of its rows (s[j][2r], s[j][2r + 1], j = 0..7), and group t lies in 32-key sub-tile t / 2.
+// The arithmetic per element and per group is LazyTileSoftmax's, so the operand values are
+// bitwise the same (only their order along the keys differs); but a group's max and scale are the
+// lane's own, with no exchange, and the sub-tiles' maxima take two exchanges per row, where the
+// natural order took 12 per sub-tile on the softmax's critical path.
+template <typename T>
+struct OwnedGroupTileSoftmax {
+  // bf16 P: FQ_P's rounding and decode in bf16x2 arithmetic, as LazyTileSoftmax's kPackedDecode.
+  static constexpr bool kPackedDecode = std::is_same_v<T, Bf16>;
+  float m_use[2];           // the reference each row's p is computed against (finite)
+  Nvfp4Group group[2];      // this lane's group, per row (scale relative to the reference)
+  uint32_t scale2[kPackedDecode ? 2 : 1];  // kPackedDecode: group[r]'s scale, twice, in bf16
+
+  __device__ __forceinline__ void begin(const float (&s)[8][4], float (&m_run)[2],
+                                        float (&m_ref)[2], float (&alpha)[2], float scale_log2) {
+    const bool second = (threadIdx.x & 2) != 0;  // this lane's groups lie in sub-tile 1
+    float group_max[2], m_group[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = fmaxf(s[j][2 * r], s[j][2 * r + 1]);
+#pragma unroll
+      for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+        for (int j = 0; j < w; ++j) x[j] = fmaxf(x[j], x[j + w]);
+      group_max[r] = x[0];
+      // The sub-tiles' maxima: this lane's pair of groups, then the other pair's.
+      const float mine = fmaxf(x[0], __shfl_xor_sync(0xffffffffu, x[0], 1));
+      const float other = __shfl_xor_sync(0xffffffffu, mine, 2);
+      // The running max at each sub-tile (SPEC), then the tile's reference.
+      float run = fmaxf(m_run[r], __fmul_rn(second ? other : mine, scale_log2));
+      const float run0 = run;
+      run = fmaxf(run, __fmul_rn(second ? mine : other, scale_log2));
+      m_group[r] = second ? run : run0;
+      m_run[r] = run;
+      const bool keep = run <= m_ref[r] + kLazyRescaleLog2;
+      const float m_new = keep ? m_ref[r] : run;
+      m_use[r] = m_new;  // finite scores (QAT): no row is without a key
+      alpha[r] = keep ? 1.0f : fast_exp2(m_ref[r] - m_use[r]);
+      m_ref[r] = m_new;
+    }
+    // Each row's group: its E4M3 scale from its max p relative to the running max (both rows in
+    // one conversion), then moved to the reference (LazyTileSoftmax::begin).
+    float scale[2];
+    nvfp4_block_scales_unit_pair(fast_exp2(fmaf(group_max[0], scale_log2, -m_group[0])),
+                                 fast_exp2(fmaf(group_max[1], scale_log2, -m_group[1])), scale[0],
+                                 scale[1]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      group[r].e4m3 = scale[r] * fast_exp2(m_group[r] - m_use[r]);
+      group[r].dec = 1.0f;
+      group[r].reciprocal = nvfp4_block_reciprocal(group[r].e4m3);
+      if constexpr (kPackedDecode) scale2[r] = T::pack(group[r].e4m3, group[r].e4m3);
+    }
+  }
+
+  // s (scores) -> p_ref in place, and the A operands of the tile's 4 k16 steps of P·V.
+  __device__ __forceinline__ void tile_operands(float (&s)[8][4], float scale_log2,
+                                                uint32_t (&a_hp)[4][4], uint32_t (&a_q)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -m_use[e >> 1]));
+    pack_p_operands<T, 8>(s, a_hp);
+    // a_q[kb][i] as pack_p_operands lays out a_hp: n8 tile 2 kb + i / 2, row i % 2.
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = 2 * kb + i / 2, r = i % 2;
+        const float x0 = s[j][2 * r], x1 = s[j][2 * r + 1];
+        if constexpr (kPackedDecode) {
+          a_q[kb][i] = e2m1_round_scale_bf16x2(x0 * group[r].reciprocal, x1 * group[r].reciprocal,
+                                               scale2[r]);
+        } else {
+          a_q[kb][i] = T::pack(nvfp4_fake_quant_nonneg_block(group[r], x0),
+                               nvfp4_fake_quant_nonneg_block(group[r], x1));
+        }
+      }
+  }
 };
 
 }  // namespace fva::dev

@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "common/kernel_params.h"
+#include "common/key_order.h"
 #include "common/online_softmax.cuh"
 #include "hopper/query_stream_sm90.cuh"
 
@@ -152,6 +153,10 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   float s[8][4];
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
   uint32_t a_hp[4][4], a_q[kQuantizeP ? 4 : 1][4];
+  // Quantized P: K and V tiles in the owned-group key order (key_order.h), each lane's NVFP4
+  // groups its own.
+  using Softmax = std::conditional_t<kQuantizeP, OwnedGroupTileSoftmax<T>,
+                                     LazyTileSoftmax<T, kSubTiles, false, false>>;
 
   auto k_tile = [&](int st) { return ring.k_tile(__shfl_sync(0xffffffffu, st, 0)); };
   auto v_tile = [&](int st) { return ring.v_tile(__shfl_sync(0xffffffffu, st, 0)); };
@@ -177,7 +182,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int slot = j * 8 + 2 * t + (e & 1);
-        if (!sched.visible(row_base + 8 * (e >> 1), k0 + slot, slot, n_valid))
+        const int key = kQuantizeP ? key_of_owned_slot(slot) : slot;  // the tile's key order
+        if (!sched.visible(row_base + 8 * (e >> 1), k0 + key, key, n_valid))
           s[j][e] = Schedule::kMaskedLogit;
       }
   };
@@ -243,7 +249,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       mbar_wait(ring.bar_v(stage), phase);
       apply_mask(tile);
       float alpha[2];
-      LazyTileSoftmax<T, kSubTiles, kQuantizeP, /*kFiniteScores=*/kQuantizeP> softmax;
+      Softmax softmax;
       softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
       // The accumulators are complete (the wait above covered the previous P·V), so the rescale
       // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
@@ -254,8 +260,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       // under its arithmetic; with the ping-pong the other consumer's products fill the tensor
       // cores then anyway, and one stretch of 32 independent elements per thread instead of two
       // of 16 is what the latency-bound softmax needed: +8.5% / +3.2% at S = 16384 / 32768.)
-#pragma unroll
-      for (int sub = 0; sub < kSubTiles; ++sub) softmax.operands(sub, s, p.scale_log2, a_hp, a_q);
+      softmax.tile_operands(s, p.scale_log2, a_hp, a_q);
       take_turn();
       issue_pv(v_tile(stage), 0, 2 * kSubTiles);
       pending = stage;

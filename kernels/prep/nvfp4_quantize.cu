@@ -9,6 +9,7 @@
 // the result is bitwise the CPU reference's.
 #include "common/device_primitives.cuh"
 #include "common/kernel_params.h"
+#include "common/key_order.h"
 #include "common/nvfp4.h"
 
 namespace fva::dev {
@@ -73,7 +74,9 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   const int row_groups = p.D / kNvfp4GroupSize;
   const int groups = rows * row_groups;
   auto src = [&](int g) { return x + (s0 + g / row_groups) * job.x.stride_s + (g % row_groups) * 16; };
-  auto dst = [&](int g) { return y + (s0 + g / row_groups) * job.y.stride_s + (g % row_groups) * 16; };
+  // y's row of token s: s itself, or (owned_order) its slot in the Hopper forward's tile order.
+  auto y_row = [&](int s) { return job.owned_order ? (s & ~63) | owned_slot_of_key(s & 63) : s; };
+  auto dst = [&](int g) { return y + y_row(s0 + g / row_groups) * job.y.stride_s + (g % row_groups) * 16; };
   auto mean = [&](int g) { return job.mean != nullptr ? job.mean + (g % row_groups) * 16 : nullptr; };
 
   float enc = 1.0f, dec = 1.0f;
@@ -113,6 +116,14 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
       }
       store_group<T>(dst(g0 + 32 * k), v);
     }
+  }
+  // owned_order: the (b, h)'s last warp also writes the zero rows that pad y to whole 64-key tiles
+  // (the forward loads whole tiles, and V's rows past S must read as 0).
+  if (job.owned_order && s0 + rows == job.S) {
+    const int pad_groups = (((job.S + 63) & ~63) - job.S) * row_groups;
+    const float zeros[kNvfp4GroupSize] = {};
+    for (int g = lane; g < pad_groups; g += 32)
+      store_group<T>(y + y_row(job.S + g / row_groups) * job.y.stride_s + (g % row_groups) * 16, zeros);
   }
 }
 

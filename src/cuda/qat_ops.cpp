@@ -24,16 +24,23 @@ int64_t mean_chunks(const cpu::QatProblem& p) {
   return p.B * p.Hkv * ((p.Skv + kMeanChunkTokens - 1) / kMeanChunkTokens);
 }
 
-// Which inputs are replaced by prepared copies in the workspace.
+// Which inputs are replaced by prepared copies in the workspace. padded_kv: the copies of K and V
+// hold whole 64-key tiles per (b, head) (the forward's quantized K and V, which the Hopper forward
+// reads in its own key order, common/key_order.h).
 struct Prepared {
-  bool q = false, k = false, v = false, mean = false;
+  bool q = false, k = false, v = false, mean = false, padded_kv = false;
 };
-Prepared prepared(const cpu::QatProblem& p, bool quantize) {
+Prepared prepared(const cpu::QatProblem& p, bool quantize, bool forward) {
   Prepared r;
   r.mean = p.cfg.smooth_k != 0;
   r.q = r.v = quantize;
   r.k = quantize || r.mean;
+  r.padded_kv = forward && quantize;
   return r;
+}
+// The rows per (b, head) of the prepared K and V copies.
+int64_t kv_rows(const cpu::QatProblem& p, const Prepared& prep) {
+  return prep.padded_kv ? (p.Skv + 63) / 64 * 64 : p.Skv;
 }
 
 struct QatBuffers {
@@ -62,8 +69,9 @@ QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, 
                  WorkspaceCarver& c) {
   QatBuffers b;
   if (prep.q) b.fq = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hq * p.Sq * p.D));
-  if (prep.k) b.fk = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hkv * p.Skv * p.D));
-  if (prep.v) b.fv = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hkv * p.Skv * p.D));
+  const int64_t kv = kv_rows(p, prep);
+  if (prep.k) b.fk = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hkv * kv * p.D));
+  if (prep.v) b.fv = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hkv * kv * p.D));
   if (prep.mean) {
     b.k_mean = c.take<float>(static_cast<size_t>(p.D));
     b.mean_partial = c.take<double>(static_cast<size_t>(mean_chunks(p) * p.D));
@@ -101,6 +109,7 @@ struct QuantizeTensor {
   int64_t H, S;
   bool quantize;
   const float* mean;
+  bool owned_order = false;  // y in the Hopper forward's key order, padded (QuantizeJob)
 };
 
 // One launch over up to kern::kMaxQuantizeJobs tensors sharing B, D and the scale mode.
@@ -135,6 +144,7 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
     j.H = static_cast<int32_t>(t.H);
     j.S = static_cast<int32_t>(t.S);
     j.quantize = t.quantize ? 1 : 0;
+    j.owned_order = t.owned_order ? 1 : 0;
     j.mean = t.mean;
     j.first_tile = tiles;
     tiles += B * t.H * ((t.S + tile_tokens - 1) / tile_tokens);
@@ -153,10 +163,33 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
          stream, q);
 }
 
-// Fills the prepared buffers: the k mean, then the fake-quantized (or smoothed) tensors.
-kern::AttentionParams prepare(const fva_handle& h, const cpu::QatProblem& p, bool quantize,
-                              const Prepared& prep, const QatBuffers& buf, const fva_tensor_t& q,
-                              const fva_tensor_t& k, const fva_tensor_t& v, void* stream) {
+// The call's parameters, with the prepared copies in place of the inputs they replace.
+kern::AttentionParams describe(const cpu::QatProblem& p, const Prepared& prep, const QatBuffers& buf,
+                               const fva_tensor_t& q, const fva_tensor_t& k, const fva_tensor_t& v) {
+  kern::AttentionParams a{};
+  a.q = prep.q ? contiguous4(buf.fq, p.Hq, p.Sq, p.D) : tensor4(q);
+  a.k = prep.k ? contiguous4(buf.fk, p.Hkv, kv_rows(p, prep), p.D) : tensor4(k);
+  a.v = prep.v ? contiguous4(buf.fv, p.Hkv, kv_rows(p, prep), p.D) : tensor4(v);
+  a.k_mean = buf.k_mean;
+  a.B = static_cast<int32_t>(p.B);
+  a.Hq = static_cast<int32_t>(p.Hq);
+  a.Hkv = static_cast<int32_t>(p.Hkv);
+  a.Sq = static_cast<int32_t>(p.Sq);
+  a.Skv = static_cast<int32_t>(p.Skv);
+  a.scale = p.scale;
+  // One fp32 value, as the CPU reference rounds it.
+  a.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  a.causal = p.cfg.causal;
+  a.p_scale = p.cfg.p_scale;
+  return a;
+}
+
+// Fills the prepared buffers of `a` (describe's): the k mean, then the fake-quantized (or
+// smoothed) tensors in one launch; K and V in the Hopper forward's key order where owned_kv_order.
+void fill_prepared(const fva_handle& h, const cpu::QatProblem& p, bool quantize,
+                   const Prepared& prep, const QatBuffers& buf, const kern::AttentionParams& a,
+                   const fva_tensor_t& q, const fva_tensor_t& k, const fva_tensor_t& v,
+                   bool owned_kv_order, void* stream) {
   const int32_t dtype = q.dtype;
   const char* sfx = dtype_suffix(dtype);
   if (prep.mean) {
@@ -176,38 +209,12 @@ kern::AttentionParams prepare(const fva_handle& h, const cpu::QatProblem& p, boo
     l.grid_x = 1;
     launch("prep", fmt::format("fva_k_mean_final_{}", sfx).c_str(), h.device, l, stream, m);
   }
-  kern::AttentionParams a{};
-  a.q = tensor4(q);
-  a.k = tensor4(k);
-  a.v = tensor4(v);
-  const int32_t mode = p.cfg.qkv_scale;
-  // Q, K and V in one launch (the k mean, above, is complete before it: same stream).
+  // (The k mean, above, is complete before the quantization: same stream.)
   std::vector<QuantizeTensor> jobs;
-  if (prep.q) {
-    a.q = contiguous4(buf.fq, p.Hq, p.Sq, p.D);
-    jobs.push_back({tensor4(q), a.q, p.Hq, p.Sq, true, nullptr});
-  }
-  if (prep.k) {
-    a.k = contiguous4(buf.fk, p.Hkv, p.Skv, p.D);
-    jobs.push_back({tensor4(k), a.k, p.Hkv, p.Skv, quantize, buf.k_mean});
-  }
-  if (prep.v) {
-    a.v = contiguous4(buf.fv, p.Hkv, p.Skv, p.D);
-    jobs.push_back({tensor4(v), a.v, p.Hkv, p.Skv, true, nullptr});
-  }
-  launch_quantize(h, dtype, jobs, p.B, p.D, mode, kQatTileTokens, stream);
-  a.k_mean = buf.k_mean;
-  a.B = static_cast<int32_t>(p.B);
-  a.Hq = static_cast<int32_t>(p.Hq);
-  a.Hkv = static_cast<int32_t>(p.Hkv);
-  a.Sq = static_cast<int32_t>(p.Sq);
-  a.Skv = static_cast<int32_t>(p.Skv);
-  a.scale = p.scale;
-  // One fp32 value, as the CPU reference rounds it.
-  a.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
-  a.causal = p.cfg.causal;
-  a.p_scale = p.cfg.p_scale;
-  return a;
+  if (prep.q) jobs.push_back({tensor4(q), a.q, p.Hq, p.Sq, true, nullptr});
+  if (prep.k) jobs.push_back({tensor4(k), a.k, p.Hkv, p.Skv, quantize, buf.k_mean, owned_kv_order});
+  if (prep.v) jobs.push_back({tensor4(v), a.v, p.Hkv, p.Skv, true, nullptr, owned_kv_order});
+  launch_quantize(h, dtype, jobs, p.B, p.D, p.cfg.qkv_scale, kQatTileTokens, stream);
 }
 
 }  // namespace
@@ -221,13 +228,13 @@ void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
 
 size_t qat_forward_workspace(const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, p.cfg.quantize != 0), false, DqPath{}, c);
+  carve(p, prepared(p, p.cfg.quantize != 0, true), false, DqPath{}, c);
   return c.bytes();
 }
 
 size_t qat_backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, backward_quantizes_qkv(p)), true, dq_path(h, p), c);
+  carve(p, prepared(p, backward_quantizes_qkv(p), false), true, dq_path(h, p), c);
   return c.bytes();
 }
 
@@ -236,19 +243,25 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
                  const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream) {
   ensure_context(h.device);
   const bool quantize = p.cfg.quantize != 0;
-  const Prepared prep = prepared(p, quantize);
+  const Prepared prep = prepared(p, quantize, true);
   WorkspaceCarver c(ws);
   const QatBuffers buf = carve(p, prep, false, DqPath{}, c);
-  kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
+  kern::AttentionParams a = describe(p, prep, buf, q, k, v);
   a.o = tensor4(o);
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
   a.lse = tensor3(lse);
-  // sm_90: the Hopper-native forward where it covers the call.
+  // sm_90: the Hopper-native forward where it covers the call, decided before the preparation:
+  // with quantized P it reads K and V in its own key order (key_order.h), which the portable
+  // kernel does not, and its maps cover the copies' whole tiles.
   kern::Sm90ForwardParams native;
-  if (sm90_forward_prepare(h, Sm90Kind::kQat, a, p.D, quantize, p.cfg.p_scale, &native)) {
+  const bool owned = quantize;
+  if (sm90_forward_prepare(h, Sm90Kind::kQat, a, p.D, quantize, p.cfg.p_scale, &native,
+                           owned ? kv_rows(p, prep) : p.Skv)) {
+    fill_prepared(h, p, quantize, prep, buf, a, q, k, v, owned, stream);
     sm90_forward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, quantize, stream);
     return;
   }
+  fill_prepared(h, p, quantize, prep, buf, a, q, k, v, false, stream);
   Launch l;
   l.grid_x = blocks_for(p.Sq, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
@@ -274,11 +287,12 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
                   const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws, void* stream) {
   ensure_context(h.device);
   const bool quantize = backward_quantizes_qkv(p);
-  const Prepared prep = prepared(p, quantize);
+  const Prepared prep = prepared(p, quantize, false);
   const DqPath path = dq_path(h, p);
   WorkspaceCarver c(ws);
   const QatBuffers buf = carve(p, prep, true, path, c);
-  kern::AttentionParams a = prepare(h, p, quantize, prep, buf, q, k, v, stream);
+  kern::AttentionParams a = describe(p, prep, buf, q, k, v);
+  fill_prepared(h, p, quantize, prep, buf, a, q, k, v, false, stream);
   a.o_for_bwd = tensor4(o_for_bwd);
   a.dout = tensor4(dout);
   a.lse = tensor3(lse);

@@ -74,7 +74,7 @@ Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles, bool
 
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
                           int64_t D, bool quantize_p, int32_t p_scale,
-                          kern::Sm90ForwardParams* params) {
+                          kern::Sm90ForwardParams* params, int64_t kv_rows) {
   if (kind == Sm90Kind::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return false;
   const Api* api = native_api(h, D);
   if (api == nullptr) return false;
@@ -82,8 +82,8 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
   // kernels, which read through plain pointers, run the call.
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
-         encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&
-         encode(*api, a.v, a.B, a.Hkv, a.Skv, D, &params->v);
+         encode(*api, a.k, a.B, a.Hkv, kv_rows, D, &params->k) &&
+         encode(*api, a.v, a.B, a.Hkv, kv_rows, D, &params->v);
 }
 
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,

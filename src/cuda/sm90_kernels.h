@@ -15,10 +15,12 @@ enum class Sm90Kind { kQat, kVsa };
 // Encodes the TMA maps of a.q, a.k, a.v into *params and returns true when the sm_90a forward can
 // run this call: an sm_90 device, a handle that allows native kernels (FVA_KERNELS_AUTO), D 64 or
 // 128, and tensors the TMA can address (the driver accepts their maps). QAT also needs P in block
-// scales or unquantized (its tile and row P scales run on the portable kernel).
+// scales or unquantized (its tile and row P scales run on the portable kernel). The K and V maps
+// cover kv_rows rows per (b, head): a.Skv, or (the QAT forward's quantized K and V, stored in its
+// key order, common/key_order.h) Skv padded to whole 64-key tiles.
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
                           int64_t D, bool quantize_p, int32_t p_scale,
-                          kern::Sm90ForwardParams* params);
+                          kern::Sm90ForwardParams* params, int64_t kv_rows);
 
 // Launches the forward prepared above (asynchronous, on `stream`).
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,

@@ -126,7 +126,7 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
   a.o = tensor4(o);
   a.lse = tensor3(lse);
   kern::Sm90ForwardParams native;
-  if (sm90_forward_prepare(h, Sm90Kind::kVsa, a, p.D, false, 0, &native)) {
+  if (sm90_forward_prepare(h, Sm90Kind::kVsa, a, p.D, false, 0, &native, a.Skv)) {
     sm90_forward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, false, stream);
     return;
   }
