@@ -81,7 +81,8 @@ __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParam
   }
 }
 
-template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages,
+          bool kPingPong = true>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = QueryStreamLayout<D, kConsumers, kStages>;
@@ -225,9 +226,13 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // the end, so that every arrival meets its sync. (Barrier 1 is also warpgroup_sync's, which no
   // consumer of this kernel calls: its tiles have no ragged rows to zero.)
   static_assert(kConsumers == 2, "ping-pong between two consumers");
-  auto take_turn = [&]() { named_barrier_sync(1 + c, 256); };
-  auto pass_turn = [&]() { named_barrier_arrive(2 - c, 256); };
-  named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
+  auto take_turn = [&]() {
+    if constexpr (kPingPong) named_barrier_sync(1 + c, 256);
+  };
+  auto pass_turn = [&]() {
+    if constexpr (kPingPong) named_barrier_arrive(2 - c, 256);
+  };
+  if constexpr (kPingPong) named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
   take_turn();
   {  // one tile at a time
     // S, then the tile's maxima and references, a rescale where a row's reference moved, then
@@ -283,8 +288,10 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     keep_alive();
     // (Predicated forms, not the loop's: ptxas merged identical barrier code at the loop's exit
     // into the loop's last wgmma pipeline stage and serialized it, C7515.)
-    named_barrier_arrive_if(true, 2 - c, 256);
-    named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
+    if constexpr (kPingPong) {
+      named_barrier_arrive_if(true, 2 - c, 256);
+      named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
+    }
   }
 
   // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
