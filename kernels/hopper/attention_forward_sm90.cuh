@@ -82,7 +82,7 @@ __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParam
 }
 
 template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages,
-          bool kPingPong = true>
+          bool kEarlyS = false>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = QueryStreamLayout<D, kConsumers, kStages>;
@@ -226,15 +226,63 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // the end, so that every arrival meets its sync. (Barrier 1 is also warpgroup_sync's, which no
   // consumer of this kernel calls: its tiles have no ragged rows to zero.)
   static_assert(kConsumers == 2, "ping-pong between two consumers");
-  auto take_turn = [&]() {
-    if constexpr (kPingPong) named_barrier_sync(1 + c, 256);
-  };
-  auto pass_turn = [&]() {
-    if constexpr (kPingPong) named_barrier_arrive(2 - c, 256);
-  };
-  if constexpr (kPingPong) named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
-  take_turn();
-  {  // one tile at a time
+  auto take_turn = [&]() { named_barrier_sync(1 + c, 256); };
+  auto pass_turn = [&]() { named_barrier_arrive(2 - c, 256); };
+  named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
+  if constexpr (kEarlyS) {
+    // (Experiment: each turn is {the next tile's S, then this tile's P·V}, so that S is waited
+    // for alone and the P·V runs under the maxima and scales; the operands, which overwrite the
+    // P·V's registers, wait for it. The first turn's P·V has P = 0 and adds exactly nothing.)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        a_hp[i][e] = 0u;
+        if constexpr (kQuantizeP) a_q[i][e] = 0u;
+      }
+    int pending = -1, tile = sched.first();  // >= 0: Skv >= 1 (the API's shape checks)
+    int last_stage = stage;
+    mbar_wait(ring.bar_v(stage), phase);  // the first P = 0 reads this V (0 x garbage: NaN)
+    for (; tile >= 0 && tile < compute_end; tile = sched.next(tile)) {
+      mbar_wait(ring.bar_k(stage), phase);
+      take_turn();
+      issue_s(k_tile(stage));
+      issue_pv(v_tile(last_stage), 0, 2 * kSubTiles);
+      pass_turn();
+      wgmma_wait<1>();  // S; the P·V may still run
+      fence_registers(s_flat);
+      apply_mask(tile);
+      float alpha[2];
+      Softmax softmax;
+      softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
+      wgmma_wait<0>();
+      fence_accumulators();
+      keep_alive();
+      if (pending >= 0) release(pending);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
+      softmax.tile_operands(s, p.scale_log2, a_hp, a_q);
+      mbar_wait(ring.bar_v(stage), phase);
+      last_stage = pending = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    take_turn();  // the last computed tile's P·V (P = 0 where this consumer computed none)
+    issue_pv(v_tile(last_stage), 0, 2 * kSubTiles);
+    pass_turn();
+    wgmma_wait<0>();
+    fence_accumulators();
+    keep_alive();
+    if (pending >= 0) release(pending);
+    for (; tile >= 0; tile = sched.next(tile)) {
+      mbar_wait(ring.bar_k(stage), phase);
+      mbar_wait(ring.bar_v(stage), phase);
+      take_turn();
+      pass_turn();
+      release(stage);
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
+  } else {  // one tile at a time
+    take_turn();
     // S, then the tile's maxima and references, a rescale where a row's reference moved, then
     // both sub-tiles' exponentials and FQ_P, then the tile's P·V. The previous tile's P·V overlaps
     // this tile's S; its stage is released once both are done.
@@ -288,10 +336,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     keep_alive();
     // (Predicated forms, not the loop's: ptxas merged identical barrier code at the loop's exit
     // into the loop's last wgmma pipeline stage and serialized it, C7515.)
-    if constexpr (kPingPong) {
-      named_barrier_arrive_if(true, 2 - c, 256);
-      named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
-    }
+    named_barrier_arrive_if(true, 2 - c, 256);
+    named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
   }
 
   // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
