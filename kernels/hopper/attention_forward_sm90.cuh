@@ -9,21 +9,25 @@
 //   - setmaxnreg moves registers from the producer to the consumers.
 // Two consumers share every K/V tile (128 query rows per block: half the L2 traffic per FLOP).
 // Within a consumer, a key tile is S (wgmma), then the tile's maxima (the running max advances per
-// 32-key sub-tile, as in the CPU reference, see attention_forward.cuh), then both sub-tiles'
-// exponentials and FQ_P, then the tile's P·V in one issue (session 18: +3-8.5% over a P·V per
-// sub-tile), which stays in flight while the next tile's S is issued. The accumulators are
-// relative to a lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare, once
-// per tile before its P·V, and each warp's own choice. Session 15 (docs/perf.md) took the kernel
-// from 737 to 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
+// 32-key sub-tile, as in the CPU reference, see attention_forward.cuh) and NVFP4 scales while the
+// previous tile's P·V runs, then both sub-tiles' exponentials and FQ_P, whose P·V is issued in one
+// go (session 18: +3-8.5% over a P·V per sub-tile) right after the next tile's S. With quantized P,
+// K and V tiles are in the owned-group key order (common/key_order.h): each lane's 16 columns of a
+// row are one NVFP4 group, so the groups' maxima and scales need no exchange (session 19: 550 ->
+// 512 instructions per warp and tile; alone, no faster, since the turn bound). The accumulators
+// are relative to a lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare,
+// once per tile before its operands, and each warp's own choice. Session 15 (docs/perf.md) took
+// the kernel from 737 to 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
 // The two consumers ping-pong (FlashAttention-3's schedule, named barriers): each in turn issues
-// {its tile's last P·V, its next tile's S} (session 17: +1.1-1.5%; sessions 6 and 7 had measured
-// earlier forms slower).
-// Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the next S
-// before this P·V; VSA 325 against 369 TFLOPS when VSA ran here; QAT, with the softmax's
-// exponentials under the previous P·V, 277.7 against 286.8 at S=16384, branch exp/overlap-s7;
-// session 17, the last P·V of a tile behind the next S so that S is waited for alone: within
-// the spread, branch exp/early-s-s17). The softmax's NVFP4 arithmetic, latency-bound with two
-// consumer warps per scheduler, not the tensor pipe, bounds this kernel.
+// {its next tile's S, its tile's P·V} (session 17: +1.1-1.5% with the P·V first; session 19: S
+// first, waited for alone, +3.0% / +3.9% on top of the owned groups; without any ping-pong,
+// -13% / -8%).
+// Measured and not kept (docs/perf.md): FlashAttention-3's intra-warpgroup overlap (the softmax
+// of one tile under the next S; VSA 325 against 369 TFLOPS when VSA ran here; QAT, with the
+// softmax's exponentials under the previous P·V, 277.7 against 286.8 at S=16384, branch
+// exp/overlap-s7; session 17, S first with a P·V per sub-tile: within the spread, branch
+// exp/early-s-s17). The softmax's NVFP4 arithmetic, latency-bound with two consumer warps per
+// scheduler, and the turns between the consumers, not the tensor pipe, bound this kernel.
 // VSA's forward is attention_forward_compact_sm90.cuh: its q blocks share no K/V tiles, and four
 // producer-less blocks per SM beat two warp-specialized ones.
 //
@@ -81,8 +85,7 @@ __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParam
   }
 }
 
-template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages,
-          bool kEarlyS = false>
+template <typename T, int D, typename Schedule, bool kQuantizeP, int kConsumers, int kStages>
 __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardParams& P,
                                                        char* smem) {
   using L = QueryStreamLayout<D, kConsumers, kStages>;
@@ -219,20 +222,29 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   };
 
   // Ping-pong (FlashAttention-3's): the two consumers take turns to issue their products, each
-  // turn {the tile's last P·V, the next tile's S}, so the tensor cores run one consumer's products
-  // while the other works through its softmax. Turn of consumer c: named barrier 1 + c over both
-  // consumers' 256 threads; a consumer takes its turn (sync) and passes it (arrive on the other's).
-  // Consumer 1 passes once first, so consumer 0 goes first; consumer 0 takes the turn once more at
-  // the end, so that every arrival meets its sync. (Barrier 1 is also warpgroup_sync's, which no
+  // turn {a tile's S, the previous tile's P·V}, so the tensor cores run one consumer's products
+  // while the other works through its softmax (without it: -13% / -8%, session 19). Turn of
+  // consumer c: named barrier 1 + c over both consumers' 256 threads; a consumer takes its turn
+  // (sync) and passes it (arrive on the other's). Consumer 1 passes once first, so consumer 0 goes
+  // first; both walk every tile of the schedule and take one more turn for the last P·V, and
+  // consumer 0 syncs once more at the end, so that every arrival meets its sync. (Barrier 1 is also warpgroup_sync's, which no
   // consumer of this kernel calls: its tiles have no ragged rows to zero.)
   static_assert(kConsumers == 2, "ping-pong between two consumers");
   auto take_turn = [&]() { named_barrier_sync(1 + c, 256); };
   auto pass_turn = [&]() { named_barrier_arrive(2 - c, 256); };
   named_barrier_arrive_if(c == 1, 1, 256);  // consumer 1 passes first
-  if constexpr (kEarlyS) {
-    // (Experiment: each turn is {the next tile's S, then this tile's P·V}, so that S is waited
-    // for alone and the P·V runs under the maxima and scales; the operands, which overwrite the
-    // P·V's registers, wait for it. The first turn's P·V has P = 0 and adds exactly nothing.)
+  {
+    // Per tile: in this consumer's turn, the tile's S and then the previous tile's P·V (one issue
+    // of its 2 x 4 products); S waited for alone, the tile's maxima, references and scales while
+    // that P·V runs; then the wait for it (the operands overwrite the registers it reads, and a
+    // rescale needs it complete), the rescale where a row's reference moved, and both sub-tiles'
+    // exponentials and FQ_P as the next turn's operands. The first turn's P·V has P = 0, which
+    // adds exactly nothing (its V is loaded and finite). (Session 19: +3.0% / +3.9% over issuing
+    // the P·V before the S; session 17 had measured a P·V per sub-tile in this order within the
+    // spread.) Two loops: the tiles this consumer computes ([first, compute_end): tiles ascend),
+    // then the rest, whose stages it only waits for and releases (causal: the other consumer's
+    // rows see them); a branch on the tile inside one loop made ptxas serialize the wgmma
+    // pipeline (C7515).
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -280,63 +292,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
       release(stage);
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
-    named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
-  } else {  // one tile at a time
-    take_turn();
-    // S, then the tile's maxima and references, a rescale where a row's reference moved, then
-    // both sub-tiles' exponentials and FQ_P, then the tile's P·V. The previous tile's P·V overlaps
-    // this tile's S; its stage is released once both are done.
-    // Two loops: the tiles this consumer computes ([first, compute_end): tiles ascend), then the
-    // rest, whose stages it only waits for and releases (causal: the other consumer's rows see
-    // them). A branch on the tile inside one loop made ptxas serialize the wgmma pipeline (C7515).
-    int pending = -1, tile = sched.first();
-    for (; tile >= 0 && tile < compute_end; tile = sched.next(tile)) {
-      mbar_wait(ring.bar_k(stage), phase);
-      issue_s(k_tile(stage));
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(s_flat);
-      fence_accumulators();
-      keep_alive();
-      if (pending >= 0) release(pending);
-      mbar_wait(ring.bar_v(stage), phase);
-      apply_mask(tile);
-      float alpha[2];
-      Softmax softmax;
-      softmax.begin(s, m_run, m_ref, alpha, p.scale_log2);
-      // The accumulators are complete (the wait above covered the previous P·V), so the rescale
-      // needs no wgmma wait and each warp decides for its own rows: one whose references stayed
-      // skips it (alpha is then exactly 1, and a multiplication by 1 changes nothing).
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale(alpha);
-      // Both sub-tiles' operands, then the tile's P·V in one issue, in this consumer's turn. (Until
-      // session 18 the first sub-tile's P·V was issued before the second's operands, to run
-      // under its arithmetic; with the ping-pong the other consumer's products fill the tensor
-      // cores then anyway, and one stretch of 32 independent elements per thread instead of two
-      // of 16 is what the latency-bound softmax needed: +8.5% / +3.2% at S = 16384 / 32768.)
-      softmax.tile_operands(s, p.scale_log2, a_hp, a_q);
-      take_turn();
-      issue_pv(v_tile(stage), 0, 2 * kSubTiles);
-      pending = stage;
-      if (++stage == kStages) stage = 0, phase ^= 1;
-    }
-    for (; tile >= 0; tile = sched.next(tile)) {
-      mbar_wait(ring.bar_k(stage), phase);
-      pass_turn();
-      wgmma_wait<0>();
-      fence_accumulators();
-      keep_alive();
-      if (pending >= 0) release(pending);
-      mbar_wait(ring.bar_v(stage), phase);
-      take_turn();
-      pending = stage;
-      if (++stage == kStages) stage = 0, phase ^= 1;
-    }
-    wgmma_wait<0>();
-    fence_accumulators();
-    keep_alive();
-    // (Predicated forms, not the loop's: ptxas merged identical barrier code at the loop's exit
+    // (A predicated form, not the loop's: ptxas merged identical barrier code at the loop's exit
     // into the loop's last wgmma pipeline stage and serialized it, C7515.)
-    named_barrier_arrive_if(true, 2 - c, 256);
     named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
   }
 

@@ -102,11 +102,8 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   l.block = 128 * (1 + kQatConsumers);
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
-  std::string name =
+  const std::string name =
       fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
-  if (const char* e = std::getenv("FVATTN_EXPERIMENT");  // (experiment, removed after the A/B)
-      e != nullptr && std::string(e) == "earlys" && name == "fva_sm90_qat_fwd_bf16_d128_q1b")
-    name += "_x";
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 
