@@ -15,7 +15,7 @@
 // K and V tiles are in the owned-group key order (common/key_order.h): each lane's 16 columns of a
 // row are one NVFP4 group, so the groups' maxima and scales need no exchange (session 19: 550 ->
 // 512 instructions per warp and tile; alone, no faster, since the turn bound). The accumulators
-// are relative to a lazy reference max (LazyTileSoftmax, online_softmax.cuh): a rescale is rare,
+// are relative to a lazy reference max (online_softmax.cuh's tile softmaxes): a rescale is rare,
 // once per tile before its operands, and each warp's own choice. Session 15 (docs/perf.md) took
 // the kernel from 737 to 598 instructions per warp and tile and 289 to 347 TFLOPS at S=16384.
 // The two consumers ping-pong (FlashAttention-3's schedule, named barriers): each in turn issues
@@ -91,7 +91,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   using L = QueryStreamLayout<D, kConsumers, kStages>;
   static_assert(!Schedule::kPaddedBlocks,
                 "ragged (VSA) blocks need their V padding zeroed: attention_forward_compact_sm90.cuh");
-  static_assert(Schedule::kSubTile == 32, "LazyTileSoftmax: 32-key softmax sub-tiles");
+  static_assert(Schedule::kSubTile == 32, "the tile softmaxes: 32-key softmax sub-tiles");
   constexpr int kSubTiles = 64 / Schedule::kSubTile;
   const kern::AttentionParams& p = P.a;
 
@@ -149,7 +149,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   }
   // The running max (FQ_P's, SPEC.md) and the reference o, o_hp and l are kept relative to
-  // (LazyTileSoftmax, online_softmax.cuh).
+  // (LazyTileSoftmax and OwnedGroupTileSoftmax, online_softmax.cuh).
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, m_ref[2] = {-CUDART_INF_F, -CUDART_INF_F};
   // S of one key tile, and P (and FQ_P(P)) of its 4 k16 steps as A operands of P·V. The A
   // registers are read by the tensor cores after the issuing instruction, so each is kept alive
@@ -159,8 +159,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   uint32_t a_hp[4][4], a_q[kQuantizeP ? 4 : 1][4];
   // Quantized P: K and V tiles in the owned-group key order (key_order.h), each lane's NVFP4
   // groups its own.
-  using Softmax = std::conditional_t<kQuantizeP, OwnedGroupTileSoftmax<T>,
-                                     LazyTileSoftmax<T, kSubTiles, false, false>>;
+  using Softmax =
+      std::conditional_t<kQuantizeP, OwnedGroupTileSoftmax<T>, LazyTileSoftmax<T, kSubTiles>>;
 
   auto k_tile = [&](int st) { return ring.k_tile(__shfl_sync(0xffffffffu, st, 0)); };
   auto v_tile = [&](int st) { return ring.v_tile(__shfl_sync(0xffffffffu, st, 0)); };
