@@ -6,7 +6,9 @@
 // 16-byte aligned: data pointers and the strides of dimensions longer than 1 are multiples of 16
 // bytes). (Until 9dcfbb0 a lane walked one token's row element by element: 2-byte loads 32 rows
 // apart, 142 us per 16384 x 8 x 128 tensor on the H200.) The arithmetic is the shared nvfp4.h, so
-// the result is bitwise the CPU reference's.
+// the result is bitwise the CPU reference's. For the sm_90a QAT forward, K's and V's copies are
+// written in its owned-group key order (common/key_order.h: rows permuted within 64-token tiles)
+// and padded with zero rows to whole tiles (QuantizeJob::owned_order).
 #include "common/device_primitives.cuh"
 #include "common/kernel_params.h"
 #include "common/key_order.h"
