@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "hopper/sm90_primitives.cuh"
+#include "probe_timer.h"
 
 using namespace fva::dev::sm90;
 using T = fva::dev::Bf16;
@@ -62,22 +63,9 @@ template <int mode>
 void run(const char* name, int columns, int sms, float* sink) {
   const int smem = 3 * 16384 + 1024, iters = 4000, blocks = 2 * sms;
   cudaFuncSetAttribute(probe<mode>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  probe<mode><<<blocks, 128, smem>>>(100, sink);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float best = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    cudaEventRecord(e0);
-    probe<mode><<<blocks, 128, smem>>>(iters, sink);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (ms < best) best = ms;
-  }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) { printf("error %s\n", cudaGetErrorString(err)); return; }
+  const float best = best_launch_ms(
+      [&](int n) { probe<mode><<<blocks, 128, smem>>>(n, sink); }, 100, iters);
+  if (best < 0) return;
   const double flops = 2.0 * 64 * 64 * columns;  // 4 k16 steps of m64 x n`columns`
   printf("%-28s %8.1f TFLOPS %8.1f ns per tile and block\n", name,
          flops * iters * blocks / (best * 1e-3) / 1e12, best * 1e6 / iters);

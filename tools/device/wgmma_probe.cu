@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "hopper/sm90_primitives.cuh"
+#include "probe_timer.h"
 
 using namespace fva::dev::sm90;
 using T = fva::dev::Bf16;
@@ -90,22 +91,9 @@ template <int mode>
 double run(int per_sm, int sms, float* sink) {
   const int smem = 3 * 16384 + 1024, iters = 4000, blocks = sms * per_sm;
   cudaFuncSetAttribute(probe<mode>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  probe<mode><<<blocks, 128, smem>>>(100, sink);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float best = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    cudaEventRecord(e0);
-    probe<mode><<<blocks, 128, smem>>>(iters, sink);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (ms < best) best = ms;
-  }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) { printf("error %s\n", cudaGetErrorString(err)); return -1; }
+  const float best = best_launch_ms(
+      [&](int n) { probe<mode><<<blocks, 128, smem>>>(n, sink); }, 100, iters);
+  if (best < 0) return -1;
   const double flops = (mode == 0 || mode == 1 ? 2.0 : 4.0) * 64 * 64 * D;
   return flops * iters * blocks / (best * 1e-3) / 1e12;
 }
