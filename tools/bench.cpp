@@ -34,6 +34,7 @@ struct BenchOptions {
   double density = 0.25;
   bool local_lists = false;  // --lists local: video-like lists (vsa_lists)
   bool qat = true, vsa = true;  // --ops: which ops run
+  bool plain = false;            // --qat-preset plain: QAT's unquantized mode (plain attention)
   std::string json_path;
   bool sdpa = true;
 };
@@ -153,8 +154,11 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
   const double dense = 4.0 * B * H * static_cast<double>(S) * S * D;
 
   double ms = 0.0;
-  if (o.qat) {  // ---- QAT, production preset ----
-    const fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
+  if (o.qat) {  // ---- QAT: the production preset, or plain attention (quantize = 0) ----
+    fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
+    if (o.plain) cfg.quantize = 0;
+    const std::string fwd_op = o.plain ? "plain_forward" : "qat_forward";
+    const std::string bwd_op = o.plain ? "plain_backward" : "qat_backward";
     size_t fb = 0, bb = 0;
     {
       const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
@@ -167,9 +171,10 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
       const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), oh = t4(s.o_hp), l = t3(s.lse);
       fva_check(fva_qat_forward(h, &cfg, &q, &k, &v, &oo, &oh, &l, ws.get(), fb, stream), "fva_qat_forward");
     };
-    fmt::print(stderr, "bench S={}: QAT forward ...\n", S);
+    fmt::print(stderr, "bench S={}: {} ...\n", S, fwd_op);
     ms = timed(qat_fwd);
-    out.push_back({"qat_forward", S, ms, dense / (ms * 1e9), 1.5 * dense / (ms * 1e9), seen});
+    // Executed: the quantized forward runs both P·V products (1.5x the algorithmic FLOPs).
+    out.push_back({fwd_op, S, ms, dense / (ms * 1e9), o.plain ? 0.0 : 1.5 * dense / (ms * 1e9), seen});
     for (int i = 0; i < sets; ++i) qat_fwd(i);  // o_hp and lse for the backward
     auto qat_bwd = [&](int i) {
       const AttnSet& s = a[static_cast<size_t>(i % sets)];
@@ -178,9 +183,9 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
       fva_check(fva_qat_backward(h, &cfg, &q, &k, &v, &oh, &l, &d, &gq, &gk, &gv, ws.get(), bb, stream),
                 "fva_qat_backward");
     };
-    fmt::print(stderr, "bench S={}: QAT backward ...\n", S);
+    fmt::print(stderr, "bench S={}: {} ...\n", S, bwd_op);
     ms = timed(qat_bwd);
-    out.push_back({"qat_backward", S, ms, 2.5 * dense / (ms * 1e9), 0.0, seen});
+    out.push_back({bwd_op, S, ms, 2.5 * dense / (ms * 1e9), 0.0, seen});
   }
   if (!o.vsa) return;
 
@@ -316,7 +321,7 @@ int cmd_bench(int argc, char** argv) {
           "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
           "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
           "                    [--kernels auto|portable|both] [--deterministic]\n"
-          "                    [--lists random|local] [--ops qat,vsa]\n"
+          "                    [--lists random|local] [--ops qat,vsa] [--qat-preset production|plain]\n"
           "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
           "             portable kernels' rows marked '/portable'\n"
           "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
@@ -325,7 +330,9 @@ int cmd_bench(int argc, char** argv) {
           "             local (video-like: each q block picks the kv blocks nearest it in a\n"
           "             (t, y, x) tile grid, with noise; neighbours share most of their picks)\n"
           "  --ops: which of the library's ops run: qat, vsa or both (the default); PyTorch's\n"
-          "             SDPA runs unless --no-sdpa\n");
+          "             SDPA runs unless --no-sdpa\n"
+          "  --qat-preset: the QAT ops' configuration: production (FastVideo's preset, the\n"
+          "             default; rows qat_*) or plain (quantize = 0: plain attention; rows plain_*)\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -351,6 +358,13 @@ int cmd_bench(int argc, char** argv) {
         fmt::print(stderr, "fvattn bench: --ops takes qat, vsa or qat,vsa\n");
         return 2;
       }
+    } else if (a == "--qat-preset") {
+      const std::string v = next();
+      if (v != "production" && v != "plain") {
+        fmt::print(stderr, "fvattn bench: --qat-preset takes production or plain\n");
+        return 2;
+      }
+      o.plain = v == "plain";
     } else if (a == "--json") {
       o.json_path = next();
     } else if (a == "--no-sdpa") {
