@@ -24,5 +24,14 @@ FVA_HD constexpr int owned_slot_of_key(int key) {
 FVA_HD constexpr int key_of_owned_slot(int slot) {
   return (((slot >> 1) & 3) << 4) | ((slot >> 3) << 1) | (slot & 1);
 }
+// The row that stores token s of a sequence in this order (its tile's rows permuted), and the rows
+// a sequence of `tokens` takes once padded to whole tiles.
+FVA_HD constexpr int owned_row_of_token(int s) {
+  return (s & ~(kOwnedTileKeys - 1)) | owned_slot_of_key(s & (kOwnedTileKeys - 1));
+}
+template <typename Int>
+FVA_HD constexpr Int owned_padded_rows(Int tokens) {  // tokens >= 0
+  return (tokens + kOwnedTileKeys - 1) & ~static_cast<Int>(kOwnedTileKeys - 1);
+}
 
 }  // namespace fva

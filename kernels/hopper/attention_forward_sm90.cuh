@@ -227,8 +227,9 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // consumer c: named barrier 1 + c over both consumers' 256 threads; a consumer takes its turn
   // (sync) and passes it (arrive on the other's). Consumer 1 passes once first, so consumer 0 goes
   // first; both walk every tile of the schedule and take one more turn for the last P·V, and
-  // consumer 0 syncs once more at the end, so that every arrival meets its sync. (Barrier 1 is also warpgroup_sync's, which no
-  // consumer of this kernel calls: its tiles have no ragged rows to zero.)
+  // consumer 0 syncs once more at the end, so that every arrival meets its sync. (Barrier 1 is
+  // also warpgroup_sync's, which no consumer of this kernel calls: its tiles have no ragged rows
+  // to zero.)
   static_assert(kConsumers == 2, "ping-pong between two consumers");
   auto take_turn = [&]() { named_barrier_sync(1 + c, 256); };
   auto pass_turn = [&]() { named_barrier_arrive(2 - c, 256); };

@@ -76,8 +76,8 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   const int row_groups = p.D / kNvfp4GroupSize;
   const int groups = rows * row_groups;
   auto src = [&](int g) { return x + (s0 + g / row_groups) * job.x.stride_s + (g % row_groups) * 16; };
-  // y's row of token s: s itself, or (owned_order) its slot in the Hopper forward's tile order.
-  auto y_row = [&](int s) { return job.owned_order ? (s & ~63) | owned_slot_of_key(s & 63) : s; };
+  // y's row of token s: s itself, or (owned_order) its row in the Hopper forward's tile order.
+  auto y_row = [&](int s) { return job.owned_order ? owned_row_of_token(s) : s; };
   auto dst = [&](int g) { return y + y_row(s0 + g / row_groups) * job.y.stride_s + (g % row_groups) * 16; };
   auto mean = [&](int g) { return job.mean != nullptr ? job.mean + (g % row_groups) * 16 : nullptr; };
 
@@ -122,7 +122,7 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   // owned_order: the (b, h)'s last warp also writes the zero rows that pad y to whole 64-key tiles
   // (the forward loads whole tiles, and V's rows past S must read as 0).
   if (job.owned_order && s0 + rows == job.S) {
-    const int pad_groups = (((job.S + 63) & ~63) - job.S) * row_groups;
+    const int pad_groups = (owned_padded_rows(job.S) - job.S) * row_groups;
     const float zeros[kNvfp4GroupSize] = {};
     for (int g = lane; g < pad_groups; g += 32)
       store_group<T>(y + y_row(job.S + g / row_groups) * job.y.stride_s + (g % row_groups) * 16, zeros);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/key_order.h"
 #include "cuda_ops.h"
 #include "error.h"
 #include "kernel_images.h"
@@ -40,7 +41,7 @@ Prepared prepared(const cpu::QatProblem& p, bool quantize, bool forward) {
 }
 // The rows per (b, head) of the prepared K and V copies.
 int64_t kv_rows(const cpu::QatProblem& p, const Prepared& prep) {
-  return prep.padded_kv ? (p.Skv + 63) / 64 * 64 : p.Skv;
+  return prep.padded_kv ? owned_padded_rows(p.Skv) : p.Skv;
 }
 
 struct QatBuffers {
@@ -253,11 +254,11 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   // sm_90: the Hopper-native forward where it covers the call, decided before the preparation:
   // with quantized P it reads K and V in its own key order (key_order.h), which the portable
   // kernel does not, and its maps cover the copies' whole tiles.
+  // (The padded copies are exactly the quantized forward's, whose K and V take that order.)
   kern::Sm90ForwardParams native;
-  const bool owned = quantize;
   if (sm90_forward_prepare(h, Sm90Kind::kQat, a, p.D, quantize, p.cfg.p_scale, &native,
-                           owned ? kv_rows(p, prep) : p.Skv)) {
-    fill_prepared(h, p, quantize, prep, buf, a, q, k, v, owned, stream);
+                           kv_rows(p, prep))) {
+    fill_prepared(h, p, quantize, prep, buf, a, q, k, v, prep.padded_kv, stream);
     sm90_forward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, quantize, stream);
     return;
   }
