@@ -10,12 +10,15 @@
 // counts only selected blocks (4·B·H·D·64·64·Σ q2k_num) and reports the dense-equivalent rate too.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <fvattn/fvattn.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -315,6 +318,14 @@ int cmd_bench(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // The value of option `a`, one of `allowed` (or a message and exit status 2).
+    auto one_of = [&](std::initializer_list<const char*> allowed) -> std::string {
+      const std::string v = next();
+      for (const char* x : allowed)
+        if (v == x) return v;
+      fmt::print(stderr, "fvattn bench: {} takes {}\n", a, fmt::join(allowed, ", "));
+      std::exit(2);
+    };
     std::vector<int64_t> one;
     if (a == "--help") {
       fmt::print(
@@ -344,12 +355,7 @@ int cmd_bench(int argc, char** argv) {
     } else if (a == "--density") {
       o.density = std::atof(next().c_str());
     } else if (a == "--lists") {
-      const std::string v = next();
-      if (v != "random" && v != "local") {
-        fmt::print(stderr, "fvattn bench: --lists takes random or local\n");
-        return 2;
-      }
-      o.local_lists = v == "local";
+      o.local_lists = one_of({"random", "local"}) == "local";
     } else if (a == "--ops") {
       const std::string v = next();
       o.qat = v == "qat" || v == "qat,vsa" || v == "vsa,qat";
@@ -359,12 +365,7 @@ int cmd_bench(int argc, char** argv) {
         return 2;
       }
     } else if (a == "--qat-preset") {
-      const std::string v = next();
-      if (v != "production" && v != "plain") {
-        fmt::print(stderr, "fvattn bench: --qat-preset takes production or plain\n");
-        return 2;
-      }
-      o.plain = v == "plain";
+      o.plain = one_of({"production", "plain"}) == "plain";
     } else if (a == "--json") {
       o.json_path = next();
     } else if (a == "--no-sdpa") {
@@ -372,11 +373,7 @@ int cmd_bench(int argc, char** argv) {
     } else if (a == "--deterministic") {
       deterministic = 1;
     } else if (a == "--kernels") {
-      kernels = next();
-      if (kernels != "auto" && kernels != "portable" && kernels != "both") {
-        fmt::print(stderr, "fvattn bench: --kernels takes auto, portable or both\n");
-        return 2;
-      }
+      kernels = one_of({"auto", "portable", "both"});
     } else {
       fmt::print(stderr, "fvattn bench: unknown option {}\n", a);
       return 2;
