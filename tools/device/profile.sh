@@ -4,7 +4,8 @@
 # that say what bounds it: tensor-pipe (the hmma counter: it also counts wgmma on sm_90), shared-memory and issue
 # utilization, L2 and DRAM throughput, warp instructions, occupancy, bank conflicts, and the main
 # warp stall reasons. Clocks are left alone (--clock-control none).
-#   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384).
+#   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384), BENCH_EXTRA (more
+#   `fvattn bench` options, e.g. "--ops vsa --lists local").
 set -uo pipefail
 mkdir -p "${OUT:-/tmp}"
 B=${BUILD_DIR:-build-gpu}
@@ -34,7 +35,7 @@ for pipe in alu fma fmaheavy fp16 xu lsu; do
 done
 ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(sm90_)?(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
   --metrics "$m" --csv --page raw --log-file "${OUT:-/tmp}/ncu.csv" \
-  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa --kernels "${BENCH_KERNELS:-auto}" > "${OUT:-/tmp}/ncu.err" 2>&1
+  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa --kernels "${BENCH_KERNELS:-auto}" ${BENCH_EXTRA:-} > "${OUT:-/tmp}/ncu.err" 2>&1
 python3 - "${OUT:-/tmp}/ncu.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r and not r[0].startswith("==")]
