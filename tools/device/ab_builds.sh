@@ -10,7 +10,8 @@
 #   BASE_PATCH (required), ROUNDS, BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT,
 #   AB_BASE_DIR (where the base tree is built; default /tmp/fvattn-ab-base), NEW_ENVS (more
 #   variants of the new build, each NAME=VAR=VALUE, space-separated, e.g.
-#   "oneshot=FVATTN_EXPERIMENT=oneshot": benched in every round after "new", with VAR set).
+#   "oneshot=FVATTN_EXPERIMENT=oneshot": benched in every round after "new", with VAR set),
+#   AB_CMAKE_ARGS (more configure flags for the base, e.g. -DFVATTN_SASS_ARCHS=90a).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab}
 mkdir -p "$OUT"
@@ -24,7 +25,7 @@ if ! (cd "$base" && patch -s -p1 -R < "$patch_file"); then
   echo "ab: $patch_file does not reverse onto this checkout"; exit 1
 fi
 if ! { cmake -S "$base" -B "$base/build-gpu" -G Ninja -DFVATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-         -DFVATTN_BUILD_TESTS=OFF -DFVATTN_BINDINGS=OFF \
+         -DFVATTN_BUILD_TESTS=OFF -DFVATTN_BINDINGS=OFF ${AB_CMAKE_ARGS:-} \
          -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest" &&
        cmake --build "$base/build-gpu" -j "$(nproc)"; } > "$OUT/ab-base-build.log" 2>&1; then
   tail -n 20 "$OUT/ab-base-build.log"; echo "ab: the base did not build"; exit 1
