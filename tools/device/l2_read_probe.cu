@@ -10,6 +10,9 @@
 //   bulk   cp.async.bulk (the TMA's copy engine) into a 2-stage shared-memory ring of 16 KiB
 //          tiles with mbarriers, one 128-thread block per ring, 4 blocks an SM (the VSA forward's
 //          occupancy); the bulk copy of 16 KiB is what the kernels' TMA loads of a tile move;
+//   bulk4, bulk13: the same with deeper rings (4 stages, 3 blocks an SM: 12 tiles in flight per
+//          SM; 13 stages, one block an SM), which tell whether more bytes in flight read faster
+//          (session 21: is the ceiling the L2's bandwidth or the loads' latency?);
 // and prints TB/s of tile bytes (CUDA events, median of 5 after a warm-up).
 #include <cuda_runtime.h>
 
@@ -50,18 +53,22 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__global__ void __launch_bounds__(128) read_bulk(const char* set, uint32_t tiles, uint32_t* sink) {
-  extern __shared__ __align__(128) char smem[];  // 2 stages of kTileBytes, then 2 mbarriers
+// kStages tiles (the ring) in the first kStages * kTileBytes bytes of `smem_tiles` tiles, then the
+// kStages mbarriers.
+template <int kStages>
+__global__ void __launch_bounds__(128) read_bulk(const char* set, uint32_t tiles, uint32_t* sink,
+                                                 int smem_tiles) {
+  extern __shared__ __align__(128) char smem[];
   const uint32_t ring = smem_addr(smem);
-  const uint32_t bars = ring + 3 * kTileBytes;
+  const uint32_t bars = ring + smem_tiles * kTileBytes;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 2; ++s)
+    for (int s = 0; s < kStages; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * s));
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   auto issue = [&](int step) {
-    const int s = step & 1;
+    const int s = step % kStages;
     const char* src = set + static_cast<size_t>(pick(blockIdx.x, step, tiles)) * kTileBytes;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bars + 8 * s),
                  "r"(kTileBytes)
@@ -71,14 +78,12 @@ __global__ void __launch_bounds__(128) read_bulk(const char* set, uint32_t tiles
         ::"r"(ring + s * kTileBytes), "l"(src), "r"(kTileBytes), "r"(bars + 8 * s)
         : "memory");
   };
-  if (threadIdx.x == 0) {
-    issue(0);
-    issue(1);
-  }
+  if (threadIdx.x == 0)
+    for (int step = 0; step < kStages; ++step) issue(step);
   uint32_t acc = 0;
   for (int step = 0; step < kSteps; ++step) {
-    const int s = step & 1;
-    const uint32_t parity = (step >> 1) & 1;
+    const int s = step % kStages;
+    const uint32_t parity = (step / kStages) & 1;
     asm volatile(
         "{\n .reg .pred p;\n wait_%=:\n"
         " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(128) read_bulk(const char* set, uint32_t tiles
         : "memory");
     acc += reinterpret_cast<const uint32_t*>(smem + s * kTileBytes)[threadIdx.x];
     __syncthreads();  // every thread has read the stage before it is refilled
-    if (threadIdx.x == 0 && step + 2 < kSteps) issue(step + 2);
+    if (threadIdx.x == 0 && step + kStages < kSteps) issue(step + kStages);
   }
   if (acc == 0x12345678u) sink[0] = acc;
 }
@@ -130,26 +135,37 @@ int main() {
   if (!check(cudaMalloc(&set, max_set), "cudaMalloc") || !check(cudaMalloc(&sink, 4), "cudaMalloc"))
     return 1;
   cudaMemset(set, 1, max_set);
-  // The ring needs 2 tiles; 3 tiles' worth (48 KiB, the VSA forward's) holds 4 blocks on an SM.
-  const int bulk_smem = 3 * kTileBytes + 16;
-  cudaFuncSetAttribute(read_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, bulk_smem);
+  // Each way: its ring's stages, the tiles of shared memory a block takes (which set the blocks
+  // an SM holds: 3 tiles' worth, the VSA forward's 48 KiB, holds 4), and those blocks.
+  struct Way {
+    const char* name;
+    int stages, smem_tiles, blocks_per_sm;
+  };
+  const Way ways[] = {{"ldcg", 0, 0, 8}, {"bulk", 2, 3, 4}, {"bulk4", 4, 4, 3}, {"bulk13", 13, 13, 1}};
+  for (const Way& w : ways) {
+    const int smem = w.smem_tiles * kTileBytes + 8 * w.stages;
+    if (w.stages == 2)
+      cudaFuncSetAttribute(read_bulk<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (w.stages == 4)
+      cudaFuncSetAttribute(read_bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (w.stages == 13)
+      cudaFuncSetAttribute(read_bulk<13>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
   std::printf("%d SMs; %d tiles of %d bytes per block\n", sms, kSteps, kTileBytes);
   std::printf("%-6s %10s %8s %10s %8s\n", "way", "set MiB", "blocks", "ms", "TB/s");
   for (const size_t mib : {size_t{8}, size_t{16}, size_t{32}, size_t{4096}}) {
     const uint32_t tiles = static_cast<uint32_t>((mib << 20) / kTileBytes);
-    struct Way {
-      const char* name;
-      int blocks_per_sm;
-    };
-    for (const Way w : {Way{"ldcg", 8}, Way{"bulk", 4}}) {
+    for (const Way& w : ways) {
       // Enough blocks for several waves, as the kernels have.
       const int blocks = sms * w.blocks_per_sm * 8;
-      const bool bulk = w.name[0] == 'b';
+      const int smem = w.smem_tiles * kTileBytes + 8 * w.stages;
       const double ms = median_ms([&] {
-        if (bulk)
-          read_bulk<<<blocks, 128, bulk_smem>>>(set, tiles, sink);
-        else
-          read_ldcg<<<blocks, 256>>>(reinterpret_cast<const uint4*>(set), tiles, sink);
+        switch (w.stages) {
+          case 0: read_ldcg<<<blocks, 256>>>(reinterpret_cast<const uint4*>(set), tiles, sink); break;
+          case 2: read_bulk<2><<<blocks, 128, smem>>>(set, tiles, sink, w.smem_tiles); break;
+          case 4: read_bulk<4><<<blocks, 128, smem>>>(set, tiles, sink, w.smem_tiles); break;
+          default: read_bulk<13><<<blocks, 128, smem>>>(set, tiles, sink, w.smem_tiles); break;
+        }
       });
       if (!check(cudaGetLastError(), w.name) || !check(cudaDeviceSynchronize(), w.name)) return 1;
       const double bytes = static_cast<double>(blocks) * kSteps * kTileBytes;
