@@ -135,22 +135,23 @@ int main() {
   if (!check(cudaMalloc(&set, max_set), "cudaMalloc") || !check(cudaMalloc(&sink, 4), "cudaMalloc"))
     return 1;
   cudaMemset(set, 1, max_set);
-  // Each way: its ring's stages, the tiles of shared memory a block takes (which set the blocks
-  // an SM holds: 3 tiles' worth, the VSA forward's 48 KiB, holds 4), and those blocks.
+  // Each way: its kernel (none: ldcg), the tiles of shared memory a block takes (which set the
+  // blocks an SM holds: 3 tiles' worth, the VSA forward's 48 KiB, holds 4), its ring's stages, and
+  // those blocks.
+  using BulkKernel = void (*)(const char*, uint32_t, uint32_t*, int);
   struct Way {
     const char* name;
-    int stages, smem_tiles, blocks_per_sm;
+    BulkKernel bulk;
+    int smem_tiles, stages, blocks_per_sm;
+    int smem() const { return smem_tiles * kTileBytes + 8 * stages; }
   };
-  const Way ways[] = {{"ldcg", 0, 0, 8}, {"bulk", 2, 3, 4}, {"bulk4", 4, 4, 3}, {"bulk13", 13, 13, 1}};
-  for (const Way& w : ways) {
-    const int smem = w.smem_tiles * kTileBytes + 8 * w.stages;
-    if (w.stages == 2)
-      cudaFuncSetAttribute(read_bulk<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (w.stages == 4)
-      cudaFuncSetAttribute(read_bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (w.stages == 13)
-      cudaFuncSetAttribute(read_bulk<13>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
+  const Way ways[] = {{"ldcg", nullptr, 0, 0, 8},
+                      {"bulk", read_bulk<2>, 3, 2, 4},
+                      {"bulk4", read_bulk<4>, 4, 4, 3},
+                      {"bulk13", read_bulk<13>, 13, 13, 1}};
+  for (const Way& w : ways)
+    if (w.bulk != nullptr)
+      cudaFuncSetAttribute(w.bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, w.smem());
   std::printf("%d SMs; %d tiles of %d bytes per block\n", sms, kSteps, kTileBytes);
   std::printf("%-6s %10s %8s %10s %8s\n", "way", "set MiB", "blocks", "ms", "TB/s");
   for (const size_t mib : {size_t{8}, size_t{16}, size_t{32}, size_t{4096}}) {
@@ -158,14 +159,11 @@ int main() {
     for (const Way& w : ways) {
       // Enough blocks for several waves, as the kernels have.
       const int blocks = sms * w.blocks_per_sm * 8;
-      const int smem = w.smem_tiles * kTileBytes + 8 * w.stages;
       const double ms = median_ms([&] {
-        switch (w.stages) {
-          case 0: read_ldcg<<<blocks, 256>>>(reinterpret_cast<const uint4*>(set), tiles, sink); break;
-          case 2: read_bulk<2><<<blocks, 128, smem>>>(set, tiles, sink, w.smem_tiles); break;
-          case 4: read_bulk<4><<<blocks, 128, smem>>>(set, tiles, sink, w.smem_tiles); break;
-          default: read_bulk<13><<<blocks, 128, smem>>>(set, tiles, sink, w.smem_tiles); break;
-        }
+        if (w.bulk != nullptr)
+          w.bulk<<<blocks, 128, w.smem()>>>(set, tiles, sink, w.smem_tiles);
+        else
+          read_ldcg<<<blocks, 256>>>(reinterpret_cast<const uint4*>(set), tiles, sink);
       });
       if (!check(cudaGetLastError(), w.name) || !check(cudaDeviceSynchronize(), w.name)) return 1;
       const double bytes = static_cast<double>(blocks) * kSteps * kTileBytes;
