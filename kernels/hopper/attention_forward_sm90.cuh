@@ -49,6 +49,11 @@ namespace fva::dev::sm90 {
 // The forward's epilogue for a thread's two rows (row_base, row_base + 8; columns 8j + 2t + {0, 1}):
 // o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA) gets o = 0 and
 // lse = -inf. Rows past Sq are not written.
+// The division is acc * (1 / l), one reciprocal per row as FlashAttention's epilogues do: within an
+// ulp of the element-wise division in fp32, before the dtype's rounding (SPEC's tolerances hold).
+// The division's ~10 instructions per element (reciprocal, five FMAs, a range check and its
+// branch) had cost the VSA forward, whose 64-row q blocks end after a few dozen key tiles, about
+// four tiles' worth of issue per block (docs/perf.md, session 22).
 template <typename T, int D, bool kQuantizeP>
 __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParams& p, int b, int h,
                                                       int row_base, int t, const float (&o)[D / 2],
@@ -64,19 +69,25 @@ __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParam
     const int row = row_base + 8 * r;
     if (row >= p.Sq) continue;
     const bool any = l[r] > 0.0f;
+    const float inv = any ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0 there)
+    auto normalized = [&](float acc) { return acc * inv; };
+    // The row's column pairs, one 4-byte store each, 16 bytes apart per n8 block: one address per
+    // row, the rest immediate offsets.
+    uint32_t* o_row = reinterpret_cast<uint32_t*>(og + row * p.o.stride_s + 2 * t);
+    uint32_t* hp_row =
+        hg != nullptr ? reinterpret_cast<uint32_t*>(hg + row * p.o_hp.stride_s + 2 * t) : nullptr;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const int col = j * 8 + 2 * t;
-      const float a = any ? __fdiv_rn(o[4 * j + 2 * r], l[r]) : 0.0f;
-      const float bb = any ? __fdiv_rn(o[4 * j + 2 * r + 1], l[r]) : 0.0f;
-      *reinterpret_cast<uint32_t*>(og + row * p.o.stride_s + col) = T::pack(a, bb);
-      if (hg != nullptr) {
+      const float a = normalized(o[4 * j + 2 * r]);
+      const float bb = normalized(o[4 * j + 2 * r + 1]);
+      o_row[4 * j] = T::pack(a, bb);
+      if (hp_row != nullptr) {
         float ha = a, hb = bb;
         if constexpr (kQuantizeP) {
-          ha = any ? __fdiv_rn(o_hp[4 * j + 2 * r], l[r]) : 0.0f;
-          hb = any ? __fdiv_rn(o_hp[4 * j + 2 * r + 1], l[r]) : 0.0f;
+          ha = normalized(o_hp[4 * j + 2 * r]);
+          hb = normalized(o_hp[4 * j + 2 * r + 1]);
         }
-        *reinterpret_cast<uint32_t*>(hg + row * p.o_hp.stride_s + col) = T::pack(ha, hb);
+        hp_row[4 * j] = T::pack(ha, hb);
       }
     }
     if (t == 0)
