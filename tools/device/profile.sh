@@ -28,11 +28,13 @@ m+=,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
-# Per-pipe instruction rates (which ALU pipe an ALU-bound kernel saturates), where this ncu has them.
+# Per-pipe instruction rates (which ALU pipe an ALU-bound kernel saturates), and the L2's hit rate
+# on reads (how much of what the kernel reads comes from the DRAM), where this ncu has them.
+metrics=$(ncu --query-metrics 2>/dev/null)
 for pipe in alu fma fmaheavy fp16 xu lsu; do
-  name=sm__inst_executed_pipe_${pipe}.avg.pct_of_peak_sustained_active
-  ncu --query-metrics 2>/dev/null | grep -q "^sm__inst_executed_pipe_${pipe} " && m+=,$name
+  grep -q "^sm__inst_executed_pipe_${pipe} " <<< "$metrics" && m+=,sm__inst_executed_pipe_${pipe}.avg.pct_of_peak_sustained_active
 done
+grep -q "^lts__t_sector_op_read_hit_rate " <<< "$metrics" && m+=,lts__t_sector_op_read_hit_rate.pct
 ncu --clock-control none --kernel-name "regex:${KERNELS:-fva_(sm90_)?(qat|vsa)_(fwd|bwd)}" --launch-skip 0 --launch-count ${COUNT:-6} \
   --metrics "$m" --csv --page raw --log-file "${OUT:-/tmp}/ncu.csv" \
   "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa --kernels "${BENCH_KERNELS:-auto}" ${BENCH_EXTRA:-} > "${OUT:-/tmp}/ncu.err" 2>&1
@@ -47,6 +49,7 @@ short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.
          "launch__registers_per_thread": "regs",
          "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2%",
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+         "lts__t_sector_op_read_hit_rate.pct": "L2rd_hit%",
          "smsp__inst_executed.sum": "warp_inst"}
 for k in hdr:
     if k.startswith("sm__inst_executed_pipe_"):
