@@ -35,6 +35,13 @@
 #include "hopper/compact_tiles_sm90.cuh"
 #include "hopper/query_stream_sm90.cuh"  // zero_tile_rows
 
+// Per-block timestamps for tools/device/vsa_fwd_timeline.cu, which defines this before including
+// the kernel: FVA_VSA_FWD_TRACE(event) with event 0 (the block starts), 1 (its Q has landed),
+// 2 (its last tile is done), 3 (its outputs are stored). Nothing in the library.
+#ifndef FVA_VSA_FWD_TRACE
+#define FVA_VSA_FWD_TRACE(event)
+#endif
+
 namespace fva::dev::sm90 {
 
 template <typename T, int D, typename Schedule>
@@ -46,6 +53,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   constexpr int kQ = 0, kK = 1, kV = 2;  // tiles
   const kern::AttentionParams& p = P.a;
 
+  FVA_VSA_FWD_TRACE(0);
   const L tiles{smem_addr(smem)};
   if (tiles.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
   const uint32_t q_tile = tiles.tile(kQ), k_tile = tiles.tile(kK), v_tile = tiles.tile(kV);
@@ -87,6 +95,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   uint32_t a_hp[4][4], a_none[1][4];
 
   mbar_wait</*kSuspend=*/false>(tiles.bar_query(), 0);
+  FVA_VSA_FWD_TRACE(1);
   uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
   while (tile.valid()) {
     const auto next = list.pop();
@@ -152,6 +161,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     tile = next;
   }
 
+  FVA_VSA_FWD_TRACE(2);
   const float o_hp_unused[1] = {0.0f};
   const float l[2] = {l_acc[0], l_acc[2]};  // rows g and g + 8 (every column holds the sum)
   // Where the rows go, from fresh reads of the block's index (opaque): the mainloop then keeps no
@@ -159,6 +169,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   const CompactBlock out(p, opaque(blockIdx.x), opaque(blockIdx.y));
   const int row_base = out.row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
   store_forward_outputs<T, D, false>(p, out.b, out.h, row_base, t, o, o_hp_unused, m, l);
+  FVA_VSA_FWD_TRACE(3);
 }
 
 }  // namespace fva::dev::sm90

@@ -1,0 +1,263 @@
+// Where a VSA forward block's time goes: the library's sm_90a VSA forward kernel
+// (hopper/attention_forward_compact_sm90.cuh), built here with per-block timestamps at its four
+// trace points (FVA_VSA_FWD_TRACE: the block starts, its Q has landed, its last tile is done, its
+// outputs are stored), run at the bench's shape (B=1, H=8, D=128, bf16, random top-k lists at the
+// given density), and summarized:
+//   - per block, in SM cycles (%clock64): start -> Q landed (the block's start), Q -> last tile
+//     (the list, also per tile), last tile -> stored (the epilogue);
+//   - per SM, from %globaltimer: how many of its four slots hold a block over the kernel's span
+//     (a block's exit and the next one's launch, and the last wave, show as empty slots);
+//   - the kernel's time (CUDA events, median of 5 after 3 warm-ups) and TFLOPS as the bench counts.
+// Session 22 (docs/perf.md) found a fixed cost per q block of about five tiles' time that neither
+// a persistent grid nor prefetching the list removed; this says where in a block it sits.
+// Runs on the device machine, from the repo root:
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels -o /tmp/vsa_fwd_timeline \
+//     tools/device/vsa_fwd_timeline.cu -lcuda && /tmp/vsa_fwd_timeline 16384 0.25
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+// Five words per block: clock64 at events 0-3, then (smid << 32 | 0). Two more per block:
+// globaltimer at events 0 and 3.
+__device__ uint64_t* g_trace;
+__device__ uint64_t* g_wall;
+#define FVA_VSA_FWD_TRACE(event)                                                       \
+  do {                                                                                 \
+    if (threadIdx.x == 0) {                                                            \
+      const size_t blk_ = static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x;    \
+      g_trace[blk_ * 5 + (event)] = clock64();                                         \
+      if ((event) == 0 || (event) == 3) {                                              \
+        uint64_t wall_;                                                                \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(wall_));                      \
+        g_wall[blk_ * 2 + ((event) == 3)] = wall_;                                     \
+      }                                                                                \
+      if ((event) == 0) {                                                              \
+        uint32_t sm_;                                                                  \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_));                               \
+        g_trace[blk_ * 5 + 4] = sm_;                                                   \
+      }                                                                                \
+    }                                                                                  \
+  } while (0)
+
+#include "hopper/attention_forward_compact_sm90.cuh"
+#include "vsa/vsa_schedules.cuh"
+
+constexpr int kD = 128;
+
+extern "C" __global__ void __launch_bounds__(128, 4)
+    vsa_fwd_traced(const __grid_constant__ fva::kern::Sm90ForwardParams p) {
+  extern __shared__ __align__(1024) char smem[];
+  fva::dev::sm90::attention_forward_compact_sm90<fva::dev::Bf16, kD, fva::dev::VsaKeyTiles>(p, smem);
+}
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    const cudaError_t e_ = (x);                                                     \
+    if (e_ != cudaSuccess) {                                                        \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+// [B, H, S, D] bf16, contiguous, as a 4-d map over (D, S, H, B): boxes of 64 x 64, 128-byte
+// swizzle (src/cuda/sm90_kernels.cpp's encoding).
+static fva::kern::TensorMap encode(void* data, int B, int H, int S) {
+  fva::kern::TensorMap map{};
+  const cuuint64_t dims[4] = {kD, static_cast<cuuint64_t>(S), static_cast<cuuint64_t>(H),
+                              static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {kD * 2ull, static_cast<cuuint64_t>(S) * kD * 2,
+                                 static_cast<cuuint64_t>(H) * S * kD * 2};
+  const cuuint32_t box[4] = {64, 64, 1, 1}, elem[4] = {1, 1, 1, 1};
+  const CUresult r = cuTensorMapEncodeTiled(
+      reinterpret_cast<CUtensorMap*>(&map), CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, data, dims, strides,
+      box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled failed (%d)\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return map;
+}
+
+static double pct(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[static_cast<size_t>(q * (v.size() - 1))];
+}
+
+int main(int argc, char** argv) {
+  const int S = argc > 1 ? std::atoi(argv[1]) : 16384;
+  const double density = argc > 2 ? std::atof(argv[2]) : 0.25;
+  const int B = 1, H = 8, nb = S / 64, topk = std::max(1, static_cast<int>(nb * density));
+  const size_t n = static_cast<size_t>(B) * H * S * kD;
+  std::mt19937_64 rng(12345);
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> host(n);
+  std::vector<void*> qkv(3);
+  for (auto& t : qkv) {
+    for (auto& x : host) {
+      const float f = normal(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // bf16, to nearest even
+    }
+    CK(cudaMalloc(&t, n * 2));
+    CK(cudaMemcpy(t, host.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  // Random ascending top-k lists per q block (the bench's default), every block 64 tokens.
+  std::vector<int32_t> idx(static_cast<size_t>(B) * H * nb * topk), num(static_cast<size_t>(B) * H * nb, topk),
+      sizes(nb, 64), all(nb);
+  for (size_t r = 0; r < num.size(); ++r) {
+    for (int i = 0; i < nb; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + topk);
+    std::copy(all.begin(), all.begin() + topk, idx.begin() + r * topk);
+  }
+  int32_t *d_idx, *d_num, *d_sizes;
+  CK(cudaMalloc(&d_idx, idx.size() * 4));
+  CK(cudaMalloc(&d_num, num.size() * 4));
+  CK(cudaMalloc(&d_sizes, sizes.size() * 4));
+  CK(cudaMemcpy(d_idx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_num, num.data(), num.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_sizes, sizes.data(), sizes.size() * 4, cudaMemcpyHostToDevice));
+  void* o;
+  float* lse;
+  CK(cudaMalloc(&o, n * 2));
+  CK(cudaMalloc(&lse, static_cast<size_t>(B) * H * S * 4));
+
+  fva::kern::Sm90ForwardParams P{};
+  fva::kern::AttentionParams& a = P.a;
+  const int64_t sb = static_cast<int64_t>(H) * S * kD, sh = static_cast<int64_t>(S) * kD;
+  a.q = {qkv[0], sb, sh, kD};
+  a.k = {qkv[1], sb, sh, kD};
+  a.v = {qkv[2], sb, sh, kD};
+  a.o = {o, sb, sh, kD};
+  a.o_hp = {nullptr, 0, 0, 0};
+  a.lse = {lse, static_cast<int64_t>(H) * S, S, 1};
+  a.B = B;
+  a.Hq = a.Hkv = H;
+  a.Sq = a.Skv = S;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  a.scale_log2 = a.scale * 1.4426950408889634f;
+  a.vsa.q2k_idx = d_idx;
+  a.vsa.idx_stride_b = static_cast<int64_t>(H) * nb * topk;
+  a.vsa.idx_stride_h = static_cast<int64_t>(nb) * topk;
+  a.vsa.idx_stride_qb = topk;
+  a.vsa.q2k_num = d_num;
+  a.vsa.num_stride_b = static_cast<int64_t>(H) * nb;
+  a.vsa.num_stride_h = nb;
+  a.vsa.num_stride_qb = 1;
+  a.vsa.block_sizes = d_sizes;
+  a.vsa.block_sizes_stride = 1;
+  a.vsa.num_q_blocks = a.vsa.num_kv_blocks = nb;
+  a.vsa.max_k = topk;
+  P.q = encode(qkv[0], B, H, S);
+  P.k = encode(qkv[1], B, H, S);
+  P.v = encode(qkv[2], B, H, S);
+
+  const dim3 grid(nb, B * H);
+  const size_t blocks = static_cast<size_t>(grid.x) * grid.y;
+  uint64_t *trace, *wall;
+  CK(cudaMalloc(&trace, blocks * 5 * 8));
+  CK(cudaMalloc(&wall, blocks * 2 * 8));
+  CK(cudaMemcpyToSymbol(g_trace, &trace, sizeof trace));
+  CK(cudaMemcpyToSymbol(g_wall, &wall, sizeof wall));
+  const int smem = fva::kern::sm90_compact_smem_bytes(kD, 3, true);
+  CK(cudaFuncSetAttribute(vsa_fwd_traced, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0, sms = 0, clock_khz = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, vsa_fwd_traced, 128, smem));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+
+  auto run = [&] {
+    vsa_fwd_traced<<<grid, 128, smem>>>(P);
+    CK(cudaGetLastError());
+  };
+  for (int i = 0; i < 3; ++i) run();
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms(5);
+  for (float& m : ms) {
+    CK(cudaEventRecord(e0));
+    run();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&m, e0, e1));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double flops = 4.0 * B * H * kD * 64.0 * 64.0 * static_cast<double>(nb) * topk;
+  std::vector<uint64_t> t(blocks * 5), w(blocks * 2);
+  CK(cudaMemcpy(t.data(), trace, t.size() * 8, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(w.data(), wall, w.size() * 8, cudaMemcpyDeviceToHost));
+
+  // Every output written and finite (the run is also a smoke test of the harness).
+  std::vector<uint16_t> out(n);
+  CK(cudaMemcpy(out.data(), o, n * 2, cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (uint16_t x : out) bad += (x & 0x7f80u) == 0x7f80u;  // inf or NaN
+  std::printf("S=%d density %.3f: %d q blocks of %d tiles, %d blocks per SM x %d SMs; %zu non-finite outputs\n",
+              S, density, static_cast<int>(blocks), topk, per_sm, sms, bad);
+  std::printf("kernel %.3f ms (median of 5), %.1f TFLOPS\n", ms[2], flops / (ms[2] * 1e9));
+
+  std::vector<double> start, list, per_tile, epi, life;
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint64_t* c = &t[b * 5];
+    start.push_back(static_cast<double>(c[1] - c[0]));
+    list.push_back(static_cast<double>(c[2] - c[1]));
+    per_tile.push_back(static_cast<double>(c[2] - c[1]) / topk);
+    epi.push_back(static_cast<double>(c[3] - c[2]));
+    life.push_back(static_cast<double>(c[3] - c[0]));
+  }
+  std::printf("per block, SM cycles (p10 / p50 / p90; %d kHz nominal):\n", clock_khz);
+  auto row = [&](const char* what, const std::vector<double>& v) {
+    std::printf("  %-28s %10.0f %10.0f %10.0f\n", what, pct(v, 0.1), pct(v, 0.5), pct(v, 0.9));
+  };
+  row("start -> Q landed", start);
+  row("Q landed -> last tile", list);
+  row("  per tile", per_tile);
+  row("last tile -> stored", epi);
+  row("whole block", life);
+  const double p50_tile = pct(per_tile, 0.5);
+  std::printf("  start + epilogue = %.2f tiles of the median tile\n",
+              (pct(start, 0.5) + pct(epi, 0.5)) / p50_tile);
+
+  // Slot occupancy per SM from the global timer: blocks' lifetimes over per_sm slots across the
+  // kernel's span; and the same after the SM's first block starts and before its last ends.
+  uint64_t k0 = UINT64_MAX, k1 = 0;
+  for (size_t b = 0; b < blocks; ++b) k0 = std::min(k0, w[b * 2]), k1 = std::max(k1, w[b * 2 + 1]);
+  // %smid need not be dense (an SM's id can pass the count): index by id, count those seen.
+  size_t ids = 0;
+  for (size_t b = 0; b < blocks; ++b) ids = std::max<size_t>(ids, t[b * 5 + 4] + 1);
+  std::vector<double> busy(ids, 0.0), first(ids, 1e300), last(ids, -1.0);
+  for (size_t b = 0; b < blocks; ++b) {
+    const int sm = static_cast<int>(t[b * 5 + 4]);
+    const double s0 = static_cast<double>(w[b * 2] - k0), s1 = static_cast<double>(w[b * 2 + 1] - k0);
+    busy[sm] += s1 - s0;
+    first[sm] = std::min(first[sm], s0);
+    last[sm] = std::max(last[sm], s1);
+  }
+  double all_busy = 0, inner = 0, end_min = 1e300, end_max = 0;
+  int seen = 0;
+  for (size_t sm = 0; sm < ids; ++sm) {
+    if (last[sm] < 0) continue;
+    ++seen;
+    all_busy += busy[sm];
+    inner += last[sm] - first[sm];
+    end_min = std::min(end_min, last[sm]);
+    end_max = std::max(end_max, last[sm]);
+  }
+  const double span = static_cast<double>(k1 - k0);
+  std::printf("slots (%d SMs seen): %.1f%% occupied over the kernel's %.1f us (global timer); %.1f%% "
+              "between each SM's first start and last end; the SMs' last blocks end at %.1f-%.1f us\n",
+              seen, 100.0 * all_busy / (per_sm * seen * span), span / 1e3,
+              100.0 * all_busy / (per_sm * inner), end_min / 1e3, end_max / 1e3);
+  return bad == 0 ? 0 : 1;
+}
