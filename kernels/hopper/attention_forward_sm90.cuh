@@ -49,11 +49,12 @@ namespace fva::dev::sm90 {
 // The forward's epilogue for a thread's two rows (row_base, row_base + 8; columns 8j + 2t + {0, 1}):
 // o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA) gets o = 0 and
 // lse = -inf. Rows past Sq are not written.
-// The division is acc * (1 / l), one reciprocal per row as FlashAttention's epilogues do: within an
-// ulp of the element-wise division in fp32, before the dtype's rounding (SPEC's tolerances hold).
+// The division is acc * (1 / l), one reciprocal per row as FlashAttention's epilogues do: within two
+// ulps of the element-wise division in fp32, before the dtype's rounding (SPEC's tolerances hold).
 // The division's ~10 instructions per element (reciprocal, five FMAs, a range check and its
-// branch) had cost the VSA forward, whose 64-row q blocks end after a few dozen key tiles, about
-// four tiles' worth of issue per block (docs/perf.md, session 22).
+// branch) were, in the VSA forward, whose 64-row q blocks end after a few dozen key tiles, as many
+// instructions per block as about four tiles: +1.1% there, +1.6% for the QAT forward at S=16384
+// (docs/perf.md, session 22).
 template <typename T, int D, bool kQuantizeP>
 __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParams& p, int b, int h,
                                                       int row_base, int t, const float (&o)[D / 2],
