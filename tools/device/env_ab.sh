@@ -24,19 +24,4 @@ for r in $(seq "${ROUNDS:-2}"); do
       > "$OUT/ab-$name-$r.log" 2>&1 || echo "env_ab: $name round $r failed (rc $?), see ab-$name-$r.log"
   done
 done
-python3 - "$OUT" "${ROUNDS:-2}" "${names[@]}" <<'PY'
-import json, os, sys
-out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-cells = {}
-for r in range(1, rounds + 1):
-    for v in variants:
-        path = os.path.join(out, f"ab-{v}-{r}.json")
-        if not os.path.exists(path):
-            continue
-        for x in json.load(open(path))["results"]:
-            cells.setdefault((x["op"], x["S"]), {}).setdefault(v, []).append(
-                f"{x['tflops']:.1f}@{x.get('sm_mhz_median', 0)}")
-print(f"{'op':22s} {'S':>6s}  " + " ".join(f"{name + ' (TFLOPS@MHz by round)':34s}" for name in variants))
-for (op, s), v in cells.items():
-    print(f"{op:22s} {s:6d}  " + " ".join(f"{', '.join(v.get(name, [])):34s}" for name in variants))
-PY
+python3 "$(dirname "$0")/ab_table.py" "$OUT" "${ROUNDS:-2}" "${names[@]}"
