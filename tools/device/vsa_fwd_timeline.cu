@@ -25,7 +25,7 @@
 #include <random>
 #include <vector>
 
-// Five words per block: clock64 at events 0-3, then (smid << 32 | 0). Two more per block:
+// Five words per block: clock64 at events 0-3, then the block's SM (%smid). Two more per block:
 // globaltimer at events 0 and 3.
 __device__ uint64_t* g_trace;
 __device__ uint64_t* g_wall;
