@@ -133,23 +133,20 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
+  const CompactBlock at(p);
+  const int bh = at.bh, b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   tiles.setup([&] {
     tma_prefetch_descriptor(&P.q);
     tma_prefetch_descriptor(&P.dout);
     tma_prefetch_descriptor(&P.k);
     tma_prefetch_descriptor(&P.v);
+    tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b, 2);  // Q and dO on one barrier
+    tiles.load(kDO, &P.dout, tiles.bar_query(), row0, h, b, 0);
   });
-  const CompactBlock at(p);
-  const int bh = at.bh, b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   const int row_base = row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
   const Schedule sched(p, b, h, row0);
   const int first = sched.first();
-  tiles.load_first(
-      [&] {
-        tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b, 2);  // Q and dO on one barrier
-        tiles.load(kDO, &P.dout, tiles.bar_query(), row0, h, b, 0);
-      },
-      &P.k, &P.v, at, first >= 0 ? sched.key0(first) : -1);
+  tiles.load_first_keys(&P.k, &P.v, at, first >= 0 ? sched.key0(first) : -1);
 
   float lse[2], delta[2];
   load_dq_row_stats(p, b, h, bh, row_base, lse, delta);

@@ -38,8 +38,14 @@
 // Per-block timestamps for tools/device/vsa_fwd_timeline.cu, which defines this before including
 // the kernel: FVA_VSA_FWD_TRACE(event) with event 0 (the block starts), 1 (its Q has landed),
 // 2 (its last tile is done), 3 (its outputs are stored). Nothing in the library.
+// FVA_VSA_FWD_TILE_TRACE(event, index) marks the steps of the listed tile at list index `index`:
+// 0 the tile's top, 1 its K has landed, 2 S is done, 3 the softmax is done, 4 its V has landed,
+// 5 P·V is done.
 #ifndef FVA_VSA_FWD_TRACE
 #define FVA_VSA_FWD_TRACE(event)
+#endif
+#ifndef FVA_VSA_FWD_TILE_TRACE
+#define FVA_VSA_FWD_TILE_TRACE(event, index)
 #endif
 
 namespace fva::dev::sm90 {
@@ -61,20 +67,20 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   fill_ones_tile<T>(tiles.ones_tile());  // complete at setup's barrier
+  const CompactBlock at(p);
+  const int b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   tiles.setup([&] {
     tma_prefetch_descriptor(&P.q);
     tma_prefetch_descriptor(&P.k);
     tma_prefetch_descriptor(&P.v);
+    tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b);
   });
-  const CompactBlock at(p);
-  const int b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   const Schedule sched(p, b, h, row0);
   // The list walked by each warp in step (Schedule::Window): a tile and its size come from
   // registers, and the next tile is known before this one's S.
   typename Schedule::Window list(sched);
   auto tile = list.pop();
-  tiles.load_first([&] { tiles.load(kQ, &P.q, tiles.bar_query(), row0, h, b); }, &P.k, &P.v, at,
-                   tile.valid() ? tile.key0() : -1);
+  tiles.load_first_keys(&P.k, &P.v, at, tile.valid() ? tile.key0() : -1);
   // Warp 0 alone issues the loads (its lane 0): a warp-uniform branch the other warps skip.
   const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;
 
@@ -98,14 +104,17 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   FVA_VSA_FWD_TRACE(1);
   uint32_t phase = 0;  // of the K and V barriers, which complete once per listed block
   while (tile.valid()) {
+    FVA_VSA_FWD_TILE_TRACE(0, tile.index);
     const auto next = list.pop();
     mbar_wait</*kSuspend=*/false>(tiles.bar_k(), phase);
+    FVA_VSA_FWD_TILE_TRACE(1, tile.index);
     wgmma_fence();
     wgmma_tiles_abt<T, D>(s_flat, q_tile, k_tile);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(s_flat);
     warpgroup_sync();
+    FVA_VSA_FWD_TILE_TRACE(2, tile.index);
     if (loader && next.valid() && lane == 0)
       tiles.load(kK, &P.k, tiles.bar_k(), next.key0(), hk, b);
 
@@ -133,7 +142,9 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 #pragma unroll
       for (int i = 0; i < 4; ++i) l_acc[i] *= alpha[i >> 1];
     }
+    FVA_VSA_FWD_TILE_TRACE(3, tile.index);
     mbar_wait</*kSuspend=*/false>(tiles.bar_v(), phase);
+    FVA_VSA_FWD_TILE_TRACE(4, tile.index);
     // 0 * NaN is not 0. (Its copy of V's address is opaque to the compiler: so the descriptors
     // below derive from a value of their own, which ptxas keeps in uniform registers.)
     // (tid too: otherwise the compiler hoists the zeroing's address arithmetic out of the loop, and
@@ -155,6 +166,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
       keep_operands_alive(a_hp);
     }
     warpgroup_sync();
+    FVA_VSA_FWD_TILE_TRACE(5, tile.index);
     if (loader && next.valid() && lane == 0)
       tiles.load(kV, &P.v, tiles.bar_v(), next.key0(), hk, b);
     phase ^= 1;
@@ -168,7 +180,36 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   // register for them (session 18: +0.7-0.9% at S = 16384 and 32768).
   const CompactBlock out(p, opaque(blockIdx.x), opaque(blockIdx.y));
   const int row_base = out.row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
-  store_forward_outputs<T, D, false>(p, out.b, out.h, row_base, t, o, o_hp_unused, m, l);
+  if (P.o_by_tma) {
+    // o through shared memory and the TMA, as FlashAttention-3 stores it: each thread writes its
+    // normalized, packed pairs into the Q tile (free since the last S) in the map's 128-byte
+    // swizzle, one conflict-free 4-byte store each (a warp's 32 lanes hit 32 banks), and one
+    // thread stores the tile. The threads' own global stores wrote 16 bytes of a row per lane
+    // quad, eight rows per instruction; the TMA writes whole lines and clips rows past Sq.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv = l[r] > 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0)
+      const uint32_t row = q_tile + (16 * warp + g + 8 * r) * 128 + 4 * t;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        st_shared_u32(row + (j / 8) * L::kRegionBytes + (((j % 8) ^ g) << 4),
+                      T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
+    }
+    fence_proxy_async();
+    warpgroup_sync();
+    if (tid == 0) {
+#pragma unroll
+      for (int r = 0; r < L::kRegions; ++r)
+        tma_store_4d(&P.o, q_tile + r * L::kRegionBytes, 64 * r, out.row0, out.h, out.b);
+      bulk_store_commit();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (t == 0 && row_base + 8 * r < p.Sq) store_row_lse(p, out.b, out.h, row_base + 8 * r, m[r], l[r]);
+    if (tid == 0) bulk_store_wait_read();  // the tile stays allocated until the TMA has read it
+  } else {
+    store_forward_outputs<T, D, false>(p, out.b, out.h, row_base, t, o, o_hp_unused, m, l);
+  }
   FVA_VSA_FWD_TRACE(3);
 }
 

@@ -64,29 +64,28 @@ struct CompactTiles {
       tma_load_4d(tile(dst) + r * kRegionBytes, map, bar, 64 * r, row, head, b);
   }
 
-  // The block's start: thread 0 initializes the barriers and runs `prefetch` (the descriptors'
-  // prefetches), then the whole block meets.
-  template <typename Prefetch>
-  __device__ __forceinline__ void setup(Prefetch&& prefetch) const {
+  // The block's start: thread 0 initializes the barriers and runs `start` (the descriptors'
+  // prefetches, then the query-side loads), then the whole block meets. The query-side tiles
+  // (tile 0 onward, on the query barrier) depend on nothing but the block's index, so they are
+  // issued before anything is read from the schedule: their DRAM latency runs under the list's
+  // dependent reads (the timeline probe, docs/perf.md session 23, measured a block's start at
+  // about two tiles' time when Q waited for the list).
+  template <typename Start>
+  __device__ __forceinline__ void setup(Start&& start) const {
     if (threadIdx.x == 0) {
       init_barriers();
-      prefetch();
+      start();
     }
     __syncthreads();
   }
 
-  // Thread 0: `load_query` (the query-side tiles: tile 0 onward, on the query barrier) and, when
-  // the schedule lists a key tile (its first key key0 >= 0), its K and V into the last two tiles.
-  template <typename LoadQuery>
-  __device__ __forceinline__ void load_first(LoadQuery&& load_query, const kern::TensorMap* k,
-                                             const kern::TensorMap* v, const CompactBlock& at,
-                                             int key0) const {
-    if (threadIdx.x == 0) {
-      load_query();
-      if (key0 >= 0) {
-        load(kTiles - 2, k, bar_k(), key0, at.hk, at.b);
-        load(kTiles - 1, v, bar_v(), key0, at.hk, at.b);
-      }
+  // Thread 0: when the schedule lists a key tile (its first key key0 >= 0), its K and V into the
+  // last two tiles.
+  __device__ __forceinline__ void load_first_keys(const kern::TensorMap* k, const kern::TensorMap* v,
+                                                  const CompactBlock& at, int key0) const {
+    if (threadIdx.x == 0 && key0 >= 0) {
+      load(kTiles - 2, k, bar_k(), key0, at.hk, at.b);
+      load(kTiles - 1, v, bar_v(), key0, at.hk, at.b);
     }
   }
 };

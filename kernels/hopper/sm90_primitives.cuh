@@ -99,6 +99,26 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
+// Stores the shared-memory box at `src` to coordinates (c0 innermost .. c3) of a 4-d tensor map;
+// the TMA skips what falls outside the tensor. Asynchronous: bulk_store_commit() closes the group,
+// bulk_store_wait_read() waits until the TMA has read the shared memory (which must stay untouched
+// and allocated until then). Shared-memory writes feeding it need fence_proxy_async() first.
+__device__ __forceinline__ void tma_store_4d(const void* tensor_map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(src), "r"(c0), "r"(c1), "r"(c2),
+               "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map))
                : "memory");

@@ -80,11 +80,13 @@ struct VsaKeyTiles {
       base = from;
       const int i = from + static_cast<int>(threadIdx.x & 31);
       uint32_t code = 0u;
-      if (i < keys.count) {
-        const int kv = keys.list[i];
-        // kv < num_kv_blocks <= Skv / 64 < 2^25, so kv << 7 fits.
-        if (kv >= 0 && kv < keys.v.num_kv_blocks)
-          code = static_cast<uint32_t>(kv) << 7 | static_cast<uint32_t>(vsa_block_tokens(keys.v, kv));
+      // The entry is read below max_k (the tensor's row), not below the count, so that its load
+      // need not wait for the count's: at a block's start the two run together, then the block
+      // size's, two round trips to the L2 before the first K can be loaded instead of three.
+      const int kv = i < keys.v.max_k ? keys.list[i] : -1;
+      // kv < num_kv_blocks <= Skv / 64 < 2^25, so kv << 7 fits.
+      if (i < keys.count && kv >= 0 && kv < keys.v.num_kv_blocks) {
+        code = static_cast<uint32_t>(kv) << 7 | static_cast<uint32_t>(vsa_block_tokens(keys.v, kv));
         if ((code & 127u) == 0u) code = 0u;  // a block without a real token
       }
       packed = code;

@@ -8,6 +8,8 @@
 //   - per SM, from %globaltimer: how many of its four slots hold a block over the kernel's span
 //     (a block's exit and the next one's launch, and the last wave, show as empty slots);
 //   - the kernel's time (CUDA events, median of 5 after 3 warm-ups) and TFLOPS as the bench counts.
+//   - with -DFVA_TRACE_TILES, per traced tile (the lists' entries 0, 1, 2 and 24), the cycles of
+//     its steps: the K wait, S, the softmax, the V wait, P·V (FVA_VSA_FWD_TILE_TRACE);
 // Session 22 (docs/perf.md) found a fixed cost per q block of about five tiles' time that neither
 // a persistent grid nor prefetching the list removed; this says where in a block it sits.
 // Runs on the device machine, from the repo root:
@@ -46,6 +48,25 @@ __device__ uint64_t* g_wall;
       }                                                                                \
     }                                                                                  \
   } while (0)
+
+// With -DFVA_TRACE_TILES only (the steps' traces cost the kernel about 6% per tile, session 23):
+// six words per traced tile (the list's entries 0, 1, 2 and 24 of each block), clock64 at the
+// tile's steps 0-5 (FVA_VSA_FWD_TILE_TRACE: top, K landed, S done, softmax done, V landed, P·V
+// done).
+__device__ uint64_t* g_tiles;
+__device__ __forceinline__ int traced_tile_slot(int index) {
+  return index < 3 ? index : index == 24 ? 3 : -1;
+}
+#ifdef FVA_TRACE_TILES
+#define FVA_VSA_FWD_TILE_TRACE(event, index)                                           \
+  do {                                                                                 \
+    const int slot_ = traced_tile_slot(index);                                         \
+    if (threadIdx.x == 0 && slot_ >= 0) {                                              \
+      const size_t blk_ = static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x;    \
+      g_tiles[(blk_ * 4 + slot_) * 6 + (event)] = clock64();                           \
+    }                                                                                  \
+  } while (0)
+#endif
 
 #include "hopper/attention_forward_compact_sm90.cuh"
 #include "vsa/vsa_schedules.cuh"
@@ -86,6 +107,16 @@ static fva::kern::TensorMap encode(void* data, int B, int H, int S) {
   }
   return map;
 }
+
+// The library stores o by the TMA where its map encodes (Sm90ForwardParams::o_by_tma); a tree
+// without that path (an A/B's base) has no such fields.
+template <typename Params>
+auto set_output_map(Params& p, const fva::kern::TensorMap& map, int) -> decltype(p.o_by_tma, void()) {
+  p.o = map;
+  p.o_by_tma = 1;
+}
+template <typename Params>
+void set_output_map(Params&, const fva::kern::TensorMap&, long) {}
 
 static double pct(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -162,6 +193,7 @@ int main(int argc, char** argv) {
   P.q = encode(qkv[0], B, H, S);
   P.k = encode(qkv[1], B, H, S);
   P.v = encode(qkv[2], B, H, S);
+  set_output_map(P, encode(o, B, H, S), 0);
 
   const dim3 grid(nb, B * H);
   const size_t blocks = static_cast<size_t>(grid.x) * grid.y;
@@ -170,6 +202,10 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&wall, blocks * 2 * 8));
   CK(cudaMemcpyToSymbol(g_trace, &trace, sizeof trace));
   CK(cudaMemcpyToSymbol(g_wall, &wall, sizeof wall));
+  uint64_t* tiles;
+  CK(cudaMalloc(&tiles, blocks * 24 * 8));
+  CK(cudaMemset(tiles, 0, blocks * 24 * 8));  // 0: not reached (a list shorter than 25)
+  CK(cudaMemcpyToSymbol(g_tiles, &tiles, sizeof tiles));
   const int smem = fva::kern::sm90_compact_smem_bytes(kD, 3, true);
   CK(cudaFuncSetAttribute(vsa_fwd_traced, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0, sms = 0, clock_khz = 0;
@@ -227,6 +263,27 @@ int main(int argc, char** argv) {
   row("last tile -> stored", epi);
   row("whole block", life);
   const double p50_tile = pct(per_tile, 0.5);
+  // The traced tiles' steps (p50 over the blocks that reached them).
+#ifdef FVA_TRACE_TILES
+  std::vector<uint64_t> tt(blocks * 24);
+  CK(cudaMemcpy(tt.data(), tiles, tt.size() * 8, cudaMemcpyDeviceToHost));
+  std::printf("  traced tiles, p50 cycles: %8s %8s %8s %8s %8s %8s\n", "top->K", "K->S", "S->smax",
+              "smax->V", "V->PV", "whole");
+  const int traced[4] = {0, 1, 2, 24};
+  for (int k = 0; k < 4; ++k) {
+    std::vector<double> step[6];
+    for (size_t b = 0; b < blocks; ++b) {
+      const uint64_t* c = &tt[(b * 4 + k) * 6];
+      if (c[0] == 0 || c[5] == 0) continue;
+      for (int e = 0; e < 5; ++e) step[e].push_back(static_cast<double>(c[e + 1] - c[e]));
+      step[5].push_back(static_cast<double>(c[5] - c[0]));
+    }
+    if (step[5].empty()) continue;
+    std::printf("    tile %2d                 %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f\n", traced[k],
+                pct(step[0], 0.5), pct(step[1], 0.5), pct(step[2], 0.5), pct(step[3], 0.5),
+                pct(step[4], 0.5), pct(step[5], 0.5));
+  }
+#endif
   std::printf("  start + epilogue = %.2f tiles of the median tile\n",
               (pct(start, 0.5) + pct(epi, 0.5)) / p50_tile);
 
