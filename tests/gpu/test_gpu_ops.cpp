@@ -282,6 +282,10 @@ struct VsaCase {
   // > 1: each kv block's keys scaled by its own gain, log-uniform in [1, key_gain], so that the
   // scores of a list's blocks differ by far more than the forward's lazy-rescale threshold (2^8).
   double key_gain = 1.0;
+  // > 0: o's rows padded by this many elements (the padding must stay untouched). The sm_90a VSA
+  // forward stores o by the TMA where o's map encodes (rows a multiple of 16 bytes apart) and by
+  // its threads otherwise.
+  int64_t o_pad = 0;
   // Set: writes the lists, their counts and the block sizes itself (idx [B, Hq, nqb, max_k], num
   // [B, Hq, nqb], sizes [nkv], flat), in place of the random metadata.
   std::function<void(std::vector<int32_t>& idx, std::vector<int32_t>& num,
@@ -361,7 +365,8 @@ void check_vsa_case(const VsaCase& c) {
   const VsaInputs in = make_vsa_inputs(c);
   const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
   const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-  HostTensor o_ref(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout), o_got(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout);
+  HostTensor o_ref(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
+      o_got(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout, c.o_pad);
   HostTensor l_ref(FVA_DTYPE_F32, {c.B, c.Hq, Sq}), l_got(FVA_DTYPE_F32, {c.B, c.Hq, Sq});
   {
     CpuHandle h;
@@ -383,6 +388,7 @@ void check_vsa_case(const VsaCase& c) {
     l.download(l_got);
   }
   check_close("vsa o", o_got, o_ref, kTol);
+  CHECK_MESSAGE(o_got.padding_intact(), "the VSA forward wrote into o's row padding");
   // lse holds -inf for rows that saw no key: compare those exactly, the rest by rel L2.
   {
     std::vector<double> g = l_got.values(), r = l_ref.values(), gf, rf;
@@ -528,6 +534,18 @@ TEST_CASE("GPU QAT attention matches the CPU backend when key tiles' scores diff
 TEST_CASE("GPU VSA matches the CPU backend (ragged blocks, junk metadata, GQA)") {
   for (int rep = 0; rep < (quick() ? 4 : 12); ++rep) {
     SUBCASE(("random #" + std::to_string(rep)).c_str()) { check_vsa_case(random_vsa_case()); }
+  }
+}
+
+// o's rows padded: by 8 elements (16 bytes: the sm_90a forward's TMA stores o, and must leave the
+// padding alone) and by 4 (8 bytes, which the TMA cannot address: its threads store o).
+TEST_CASE("GPU VSA forward with o's rows padded: stored by the TMA, or by threads where it cannot") {
+  for (const int64_t pad : {8, 4}) {
+    SUBCASE(("o rows padded by " + std::to_string(pad)).c_str()) {
+      VsaCase c = random_vsa_case();
+      c.o_pad = pad;
+      check_vsa_case(c);
+    }
   }
 }
 
