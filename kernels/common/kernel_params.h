@@ -71,13 +71,12 @@ struct alignas(64) TensorMap {
 
 // The sm_90a forward (kernels/hopper/): the portable parameters plus TMA maps of the tensors the
 // products read, each 4-d over (D, S, H, B) with boxes of 64 columns x 64 rows, 128-byte swizzle.
-// The VSA forward may also store o through a map of its own (o_by_tma: the map was encoded and no
-// o_hp is wanted), 64 x 64 boxes with the same swizzle; otherwise its threads store o.
+// The VSA forward also stores o through a map (the QAT forward, whose outputs are o and o_hp,
+// stores by its threads and leaves it unset).
 struct Sm90ForwardParams {
   AttentionParams a;
   TensorMap q, k, v;
   TensorMap o;
-  int32_t o_by_tma;
 };
 
 // The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.

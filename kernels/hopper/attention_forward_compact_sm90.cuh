@@ -24,14 +24,15 @@
 // 496 at S=16384 and 32768: the hardware's block scheduler, which starts a q block wherever one
 // finishes, already balances the lists' different lengths at the grain of one q block.
 //
-// Shared memory: CompactTiles (compact_tiles_sm90.cuh) of three tiles, Q | K | V, and the ones.
+// Shared memory: CompactTiles (compact_tiles_sm90.cuh) of three tiles, Q | K | V, and the ones;
+// the Q tile stages o for its TMA store at the end.
 #pragma once
 
 #include <math_constants.h>
 
 #include "common/kernel_params.h"
 #include "common/online_softmax.cuh"
-#include "hopper/attention_forward_sm90.cuh"  // store_forward_outputs
+#include "hopper/attention_forward_sm90.cuh"  // store_row_lse
 #include "hopper/compact_tiles_sm90.cuh"
 #include "hopper/query_stream_sm90.cuh"  // zero_tile_rows
 
@@ -174,42 +175,38 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   }
 
   FVA_VSA_FWD_TRACE(2);
-  const float o_hp_unused[1] = {0.0f};
   const float l[2] = {l_acc[0], l_acc[2]};  // rows g and g + 8 (every column holds the sum)
   // Where the rows go, from fresh reads of the block's index (opaque): the mainloop then keeps no
   // register for them (session 18: +0.7-0.9% at S = 16384 and 32768).
   const CompactBlock out(p, opaque(blockIdx.x), opaque(blockIdx.y));
   const int row_base = out.row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
-  if (P.o_by_tma) {
-    // o through shared memory and the TMA, as FlashAttention-3 stores it: each thread writes its
-    // normalized, packed pairs into the Q tile (free since the last S) in the map's 128-byte
-    // swizzle, one conflict-free 4-byte store each (a warp's 32 lanes hit 32 banks), and one
-    // thread stores the tile. The threads' own global stores wrote 16 bytes of a row per lane
-    // quad, eight rows per instruction; the TMA writes whole lines and clips rows past Sq.
+  // o through shared memory and the TMA, as FlashAttention-3 stores it: each thread writes its
+  // normalized, packed pairs into the Q tile (free since the last S) in the map's 128-byte
+  // swizzle, one conflict-free 4-byte store each (a warp's 32 lanes hit 32 banks), and one thread
+  // stores the tile. Before (session 22), the threads' own global stores wrote 16 bytes of a row
+  // per lane quad, eight rows per instruction: the block's end took 3400 cycles, now 2000
+  // (docs/perf.md, session 23). The TMA writes whole lines and skips rows past Sq.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float inv = l[r] > 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0)
-      const uint32_t row = q_tile + (16 * warp + g + 8 * r) * 128 + 4 * t;
+  for (int r = 0; r < 2; ++r) {
+    const float inv = l[r] > 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0)
+    const uint32_t row = q_tile + (16 * warp + g + 8 * r) * 128 + 4 * t;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        st_shared_u32(row + (j / 8) * L::kRegionBytes + (((j % 8) ^ g) << 4),
-                      T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
-    }
-    fence_proxy_async();
-    warpgroup_sync();
-    if (tid == 0) {
-#pragma unroll
-      for (int r = 0; r < L::kRegions; ++r)
-        tma_store_4d(&P.o, q_tile + r * L::kRegionBytes, 64 * r, out.row0, out.h, out.b);
-      bulk_store_commit();
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (t == 0 && row_base + 8 * r < p.Sq) store_row_lse(p, out.b, out.h, row_base + 8 * r, m[r], l[r]);
-    if (tid == 0) bulk_store_wait_read();  // the tile stays allocated until the TMA has read it
-  } else {
-    store_forward_outputs<T, D, false>(p, out.b, out.h, row_base, t, o, o_hp_unused, m, l);
+    for (int j = 0; j < D / 8; ++j)
+      st_shared_u32(row + (j / 8) * L::kRegionBytes + (((j % 8) ^ g) << 4),
+                    T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
   }
+  fence_proxy_async();
+  warpgroup_sync();
+  if (tid == 0) {
+#pragma unroll
+    for (int r = 0; r < L::kRegions; ++r)
+      tma_store_4d(&P.o, q_tile + r * L::kRegionBytes, 64 * r, out.row0, out.h, out.b);
+    bulk_store_commit();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    if (t == 0 && row_base + 8 * r < p.Sq) store_row_lse(p, out.b, out.h, row_base + 8 * r, m[r], l[r]);
+  if (tid == 0) bulk_store_wait_read();  // the tile stays allocated until the TMA has read it
   FVA_VSA_FWD_TRACE(3);
 }
 

@@ -81,15 +81,12 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
   params->a = a;
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
   // kernels, which read through plain pointers, run the call.
-  if (!(encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
-        encode(*api, a.k, a.B, a.Hkv, kv_rows, D, &params->k) &&
-        encode(*api, a.v, a.B, a.Hkv, kv_rows, D, &params->v)))
-    return false;
-  // The VSA forward stores o by the TMA where o's map encodes (its threads store it otherwise, as
-  // they store o_hp when one is wanted).
-  params->o_by_tma = kind == Sm90Kind::kVsa && a.o_hp.data == nullptr &&
-                     encode(*api, a.o, a.B, a.Hq, a.Sq, D, &params->o);
-  return true;
+  // (The VSA forward also stores o by the TMA, and has no o_hp.)
+  return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
+         encode(*api, a.k, a.B, a.Hkv, kv_rows, D, &params->k) &&
+         encode(*api, a.v, a.B, a.Hkv, kv_rows, D, &params->v) &&
+         (kind != Sm90Kind::kVsa ||
+          (a.o_hp.data == nullptr && encode(*api, a.o, a.B, a.Hq, a.Sq, D, &params->o)));
 }
 
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,

@@ -282,9 +282,8 @@ struct VsaCase {
   // > 1: each kv block's keys scaled by its own gain, log-uniform in [1, key_gain], so that the
   // scores of a list's blocks differ by far more than the forward's lazy-rescale threshold (2^8).
   double key_gain = 1.0;
-  // > 0: o's rows padded by this many elements (the padding must stay untouched). The sm_90a VSA
-  // forward stores o by the TMA where o's map encodes (rows a multiple of 16 bytes apart) and by
-  // its threads otherwise.
+  // > 0: o's rows padded by this many elements (a multiple of 8: the API takes strides of whole
+  // 16 bytes), which the library must leave untouched.
   int64_t o_pad = 0;
   // Set: writes the lists, their counts and the block sizes itself (idx [B, Hq, nqb, max_k], num
   // [B, Hq, nqb], sizes [nkv], flat), in place of the random metadata.
@@ -537,10 +536,10 @@ TEST_CASE("GPU VSA matches the CPU backend (ragged blocks, junk metadata, GQA)")
   }
 }
 
-// o's rows padded: by 8 elements (16 bytes: the sm_90a forward's TMA stores o, and must leave the
-// padding alone) and by 4 (8 bytes, which the TMA cannot address: its threads store o).
-TEST_CASE("GPU VSA forward with o's rows padded: stored by the TMA, or by threads where it cannot") {
-  for (const int64_t pad : {8, 4}) {
+// o's rows padded (by 16 and 48 bytes; the API requires strides of whole 16 bytes): the sm_90a
+// forward's TMA stores o's tiles and must leave the padding alone.
+TEST_CASE("GPU VSA forward with o's rows padded: the TMA stores leave the padding alone") {
+  for (const int64_t pad : {8, 24}) {
     SUBCASE(("o rows padded by " + std::to_string(pad)).c_str()) {
       VsaCase c = random_vsa_case();
       c.o_pad = pad;

@@ -108,12 +108,11 @@ static fva::kern::TensorMap encode(void* data, int B, int H, int S) {
   return map;
 }
 
-// The library stores o by the TMA where its map encodes (Sm90ForwardParams::o_by_tma); a tree
-// without that path (an A/B's base) has no such fields.
+// The library's VSA forward stores o through a map (Sm90ForwardParams::o); a tree before that (an
+// A/B's base) has no such field.
 template <typename Params>
-auto set_output_map(Params& p, const fva::kern::TensorMap& map, int) -> decltype(p.o_by_tma, void()) {
+auto set_output_map(Params& p, const fva::kern::TensorMap& map, int) -> decltype(p.o, void()) {
   p.o = map;
-  p.o_by_tma = 1;
 }
 template <typename Params>
 void set_output_map(Params&, const fva::kern::TensorMap&, long) {}
