@@ -167,7 +167,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   // waits for the V loaded last (before, the next K waited for dS K, and S for that load).
   // Each slot's barrier completes once per key tile, so one phase serves both.
   uint32_t phase = 0;
-  int k_slot = kK;  // load_first put the first tile's K in kK and its V in kV
+  int k_slot = kK;  // load_first_keys put the first tile's K in kK and its V in kV
   for (int tile = first; tile >= 0;) {
     const int next = sched.next(tile);
     const int v_slot = kK + kV - k_slot;
