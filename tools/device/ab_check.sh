@@ -15,7 +15,10 @@
 #   BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT (default: /tmp/fvattn-ab-check),
 #   KERNEL_TIMES (optional, a kernel-name regex: then each build's launches of those kernels are
 #   timed by tools/device/kernel_times.sh at S=16384 after the A/B, and summary.txt ends with the
-#   median per kernel of both).
+#   median per kernel of both), TIMELINE (optional, sequence lengths, e.g. "16384 32768": then
+#   the VSA forward's timeline probe, tools/device/vsa_fwd_timeline.cu, runs on both trees at those
+#   lengths at 25% density, and on this one again with its traced tiles' steps, -DFVA_TRACE_TILES;
+#   its output ends summary.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab-check}
 mkdir -p "$OUT"
@@ -90,5 +93,17 @@ for k in sorted(set(base) | set(new)):
     cell = lambda d: f"{d[k][0]:.1f} ({d[k][1]})" if k in d else "-"
     print(f"{k[:44]:44s} {cell(base):>20s} {cell(new):>20s}")
 PY
+fi
+if [ -n "${TIMELINE:-}" ]; then
+  for run in ".:" "$base_dir:" ".:-DFVA_TRACE_TILES"; do
+    tree=${run%%:*} flags=${run#*:}
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I "$tree/kernels" \
+      -o "$work/timeline" tools/device/vsa_fwd_timeline.cu -lcuda > "$work/timeline-build.log" 2>&1 ||
+      { note "timeline probe: did not build against $tree"; continue; }
+    for s in $TIMELINE; do
+      note "== timeline: $([ "$tree" = . ] && echo new || echo base) $flags S=$s"
+      timeout 120 "$work/timeline" "$s" 0.25 2>&1 | tee -a "$summary"
+    done
+  done
 fi
 finish 0
