@@ -6,10 +6,14 @@
 // The softmax rescales lazily (online_softmax.cuh): o and l are rescaled only when a row's max
 // passes its reference by more than 2^8, not whenever some row's max rises (+3-5% on the H200,
 // docs/perf.md session 12), which also freed the registers for the one-FMA exponent.
-// The loads need no pipeline of their own: warp 0's lane 0 issues the TMA for the next listed
-// block's K as soon as this block's S has read K, and the next V once P·V has read V, so each load
-// runs under the softmax or the next S. The overlap of one q block's softmax with tensor-core work
-// comes from the other three blocks on the SM, which the warp schedulers interleave.
+// One K and one V buffer, no ring: warp 0's lane 0 issues the TMA for the next listed block's K
+// as soon as this block's S has read K, and the next V once P·V has read V, so each load runs
+// under the softmax or the next S. Under this kernel's L2 traffic (near the L2's read bandwidth)
+// a load takes about 2300 cycles, a little more than that lead, so a tile's period is a load's
+// latency plus the product that holds its buffer, and the softmax is off that path (session 23's
+// tile timeline, docs/perf.md); a second buffer does not fit four blocks per SM. The overlap of
+// one q block's softmax with tensor-core work comes from the other three blocks on the SM, which
+// the warp schedulers interleave.
 // Per tile, a warp issues few instructions besides the softmax's (session 16: 377 -> 266 in the
 // loop's common path, 486 -> 539 TFLOPS at S=16384): the list comes from registers
 // (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a tile of ones), V's
