@@ -74,8 +74,7 @@ __device__ __forceinline__ void store_ds_transposed(uint32_t tile, const uint32_
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = slot_base + 8 * (i & 1), chunk = 2 * step + (i >> 1);
-      const uint32_t addr = tile + row * 128 + ((chunk ^ (row & 7)) * 16) + 4 * t;
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a[step][i]) : "memory");
+      st_shared_u32(swizzled_chunk_128b(tile, row, row & 7, chunk) + 4 * t, a[step][i]);
     }
 }
 

@@ -193,10 +193,10 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float inv = l[r] > 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0)
-    const uint32_t row = q_tile + (16 * warp + g + 8 * r) * 128 + 4 * t;
+    const int row = 16 * warp + g + 8 * r;  // row % 8 = g
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      st_shared_u32(row + (j / 8) * L::kRegionBytes + (((j % 8) ^ g) << 4),
+      st_shared_u32(swizzled_chunk_128b(q_tile + (j / 8) * L::kRegionBytes, row, g, j % 8) + 4 * t,
                     T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
   }
   fence_proxy_async();

@@ -46,6 +46,13 @@
 
 namespace fva::dev::sm90 {
 
+// The row's log-sum-exp (base 2, of the scaled logits), -inf for a row that saw no key.
+__device__ __forceinline__ void store_row_lse(const kern::AttentionParams& p, int b, int h, int row,
+                                              float m, float l) {
+  p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
+      l > 0.0f ? m + log2f(l) : -CUDART_INF_F;
+}
+
 // The forward's epilogue for a thread's two rows (row_base, row_base + 8; columns 8j + 2t + {0, 1}):
 // o = acc / l (and o_hp), lse = m + log2(l); a row without a visible key (VSA) gets o = 0 and
 // lse = -inf. Rows past Sq are not written.
@@ -55,13 +62,6 @@ namespace fva::dev::sm90 {
 // branch) were, in the VSA forward, whose 64-row q blocks end after a few dozen key tiles, as many
 // instructions per block as about four tiles: +1.1% there, +1.6% for the QAT forward at S=16384
 // (docs/perf.md, session 22).
-// The row's log-sum-exp (base 2, of the scaled logits), -inf for a row that saw no key.
-__device__ __forceinline__ void store_row_lse(const kern::AttentionParams& p, int b, int h, int row,
-                                              float m, float l) {
-  p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
-      l > 0.0f ? m + log2f(l) : -CUDART_INF_F;
-}
-
 template <typename T, int D, bool kQuantizeP>
 __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParams& p, int b, int h,
                                                       int row_base, int t, const float (&o)[D / 2],

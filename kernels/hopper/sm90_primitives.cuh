@@ -116,6 +116,14 @@ __device__ __forceinline__ void bulk_store_commit() {
 __device__ __forceinline__ void bulk_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// The shared address of 16-byte chunk `chunk` (0-7) of row `row` in a 64-column region of 16-bit
+// elements laid out as the TMA's and wgmma's 128-byte swizzle lays it: 128-byte rows, chunk
+// position chunk ^ (row % 8). `phase` is row % 8, passed in: a caller that knows it (a lane's
+// fragment row g) spares the arithmetic, which ptxas does not fold from a signed lane index.
+__device__ __forceinline__ uint32_t swizzled_chunk_128b(uint32_t region, int row, int phase,
+                                                        int chunk) {
+  return region + static_cast<uint32_t>(row * 128 + ((chunk ^ phase) << 4));
+}
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
 }
