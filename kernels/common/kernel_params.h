@@ -111,6 +111,16 @@ struct QuantizeJob {
   int64_t first_tile;     // the launch's first warp-tile of this job (jobs in order, from 0)
 };
 constexpr int kMaxQuantizeJobs = 3;
+// The 16-element groups per lane a warp of the quantization kernel loads, as raw words, before it
+// converts any (one memory round trip per batch). Block mode has no tile, so its work unit is one
+// batch of 32 x 2 groups (8 tokens at D = 128): few registers, many warps per SM, since the
+// conversion and not the memory bounds the kernel (docs/perf.md, session 24). Tile mode's tiles
+// (SPEC section 1: 32 tokens) go in batches of 8 groups per lane, one batch per tile at D = 128.
+constexpr int kQuantizeBlockBatch = 2;
+constexpr int kQuantizeTileBatch = 8;
+constexpr int quantize_block_unit_tokens(int64_t D) {
+  return D >= 32 * kQuantizeBlockBatch * 16 ? 1 : static_cast<int>(32 * kQuantizeBlockBatch * 16 / D);
+}
 struct QuantizeParams {
   QuantizeJob job[kMaxQuantizeJobs];
   int32_t num_jobs;

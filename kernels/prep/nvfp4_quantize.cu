@@ -1,6 +1,7 @@
 // NVFP4 fake quantization of token rows on the GPU (SPEC.md section 1): QAT's preparation of Q, K
 // (optionally mean-subtracted: smooth_k) and V in one launch, and fva_nvfp4_fake_quantize. One
-// warp per tile of `tile_tokens` tokens of one (b, h) of one tensor; the tile's 16-element groups
+// warp per tile of `tile_tokens` tokens of one (b, h) of one tensor (block mode, which has no tile
+// of its own: a unit of kern::quantize_block_unit_tokens tokens); the tile's 16-element groups
 // (16 consecutive elements of a token along D) are dealt to the lanes in row-major order, so a warp
 // reads and writes whole rows (coalesced), with 16-byte accesses (the API's checks make every group
 // 16-byte aligned: data pointers and the strides of dimensions longer than 1 are multiples of 16
@@ -52,7 +53,7 @@ __device__ __forceinline__ void store_group(typename T::Storage* dst,
   *reinterpret_cast<uint4*>(dst + 8) = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-template <typename T>
+template <typename T, int kBatch>
 __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   using E = typename T::Storage;
   const int warps_per_block = blockDim.x / 32;
@@ -93,11 +94,13 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
     enc = nvfp4_second_level_enc(warp_max(amax));
     dec = 1.0f / enc;
   }
-  // kBatch groups per lane are loaded, as raw words, before any is written: a 32-token tile at
-  // D = 128 (QAT's) is one batch, so each warp waits for memory once, and y may be x (each group is
-  // read whole before it is written, and groups do not overlap). (Four groups, converted on
-  // arrival, took two round trips: 31.5 us per 16384 x 8 x 128 bf16 tensor on the H200.)
-  constexpr int kBatch = 8;
+  // kBatch groups per lane are loaded, as raw words, before any is written: block mode's unit is
+  // one batch, so each warp waits for memory once, and y may be x (each group is read whole before
+  // it is written, and groups do not overlap). Block mode's 2 groups per lane (until session 24: a
+  // 32-token unit of 8, 122 registers and 16 warps per SM) take 72 registers, 28 warps per SM: 84 ->
+  // 69 us per QAT preparation at S = 16384 (docs/perf.md). Warps that convert, not bytes in flight,
+  // are what this kernel needs: a persistent grid of 8 warps per SM, each loading its next tile
+  // while converting one, took 226 us.
   for (int g0 = lane; g0 < groups; g0 += 32 * kBatch) {
     RawGroup raw[kBatch];
 #pragma unroll
@@ -132,9 +135,17 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 }  // namespace
 }  // namespace fva::dev
 
+// Block mode (scale_mode FVA_SCALE_BLOCK) and tile mode: one kernel each, so that block mode's few
+// raw words set its registers alone.
 extern "C" __global__ void fva_nvfp4_quantize_bf16(const fva::kern::QuantizeParams p) {
-  fva::dev::quantize_tiles<fva::dev::Bf16>(p);
+  fva::dev::quantize_tiles<fva::dev::Bf16, fva::kern::kQuantizeBlockBatch>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_f16(const fva::kern::QuantizeParams p) {
-  fva::dev::quantize_tiles<fva::dev::F16>(p);
+  fva::dev::quantize_tiles<fva::dev::F16, fva::kern::kQuantizeBlockBatch>(p);
+}
+extern "C" __global__ void fva_nvfp4_quantize_tile_bf16(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::Bf16, fva::kern::kQuantizeTileBatch>(p);
+}
+extern "C" __global__ void fva_nvfp4_quantize_tile_f16(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::F16, fva::kern::kQuantizeTileBatch>(p);
 }

@@ -123,6 +123,10 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
   // The kernel moves 16-element groups with 16-byte accesses: check_attention_tensor's alignment
   // (data, and the strides of dimensions longer than 1, multiples of 16 bytes) guarantees it, and
   // the workspace copies are contiguous; a caller that broke this would fault on the device.
+  // Block mode has no tile: its work unit is one batch of groups per warp (kern::kQuantizeBlockBatch),
+  // run by the block-mode kernel.
+  const bool block_mode = scale_mode == FVA_SCALE_BLOCK;
+  if (block_mode) tile_tokens = kern::quantize_block_unit_tokens(D);
   kern::QuantizeParams q{};
   q.num_jobs = static_cast<int32_t>(jobs.size());
   q.B = static_cast<int32_t>(B);
@@ -160,8 +164,9 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
   l.block = static_cast<unsigned>(32 * kWarpsPerBlock);
-  launch("prep", fmt::format("fva_nvfp4_quantize_{}", dtype_suffix(dtype)).c_str(), h.device, l,
-         stream, q);
+  launch("prep",
+         fmt::format("fva_nvfp4_quantize_{}{}", block_mode ? "" : "tile_", dtype_suffix(dtype)).c_str(),
+         h.device, l, stream, q);
 }
 
 // The call's parameters, with the prepared copies in place of the inputs they replace.
