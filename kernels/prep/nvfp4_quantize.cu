@@ -53,9 +53,10 @@ __device__ __forceinline__ void store_group(typename T::Storage* dst,
   *reinterpret_cast<uint4*>(dst + 8) = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-template <typename T, int kBatch>
+template <typename T, bool kTileMode>
 __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   using E = typename T::Storage;
+  constexpr int kBatch = kTileMode ? kern::kQuantizeTileBatch : kern::kQuantizeBlockBatch;
   const int warps_per_block = blockDim.x / 32;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32;
   if (tile >= p.tiles) return;
@@ -83,7 +84,7 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   auto mean = [&](int g) { return job.mean != nullptr ? job.mean + (g % row_groups) * 16 : nullptr; };
 
   float enc = 1.0f, dec = 1.0f;
-  if (job.quantize && p.scale_mode == 1) {  // tile: one second-level scale over the tile's values
+  if (kTileMode && job.quantize) {  // one second-level scale over the tile's values
     float amax = 0.0f;
     for (int g = lane; g < groups; g += 32) {
       float v[kNvfp4GroupSize];
@@ -97,10 +98,10 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   // kBatch groups per lane are loaded, as raw words, before any is written: block mode's unit is
   // one batch, so each warp waits for memory once, and y may be x (each group is read whole before
   // it is written, and groups do not overlap). Block mode's 2 groups per lane (until session 24: a
-  // 32-token unit of 8, 122 registers and 16 warps per SM) take 72 registers, 28 warps per SM: 84 ->
-  // 69 us per QAT preparation at S = 16384 (docs/perf.md). Warps that convert, not bytes in flight,
-  // are what this kernel needs: a persistent grid of 8 warps per SM, each loading its next tile
-  // while converting one, took 226 us.
+  // 32-token unit of 8, 122 registers and 16 warps per SM) and its own kernel, without the tile
+  // mode's code, take 64 registers in bf16, 32 warps per SM: 84 -> 63 us per QAT preparation at
+  // S = 16384 (docs/perf.md). Warps that convert, not bytes in flight, are what this kernel needs: a
+  // persistent grid of 8 warps per SM, each loading its next tile while converting one, took 226 us.
   for (int g0 = lane; g0 < groups; g0 += 32 * kBatch) {
     RawGroup raw[kBatch];
 #pragma unroll
@@ -115,7 +116,8 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
         float amax = 0.0f;
 #pragma unroll
         for (int i = 0; i < kNvfp4GroupSize; ++i) amax = nvfp4_amax_step(amax, v[i]);
-        const Nvfp4Group grp = nvfp4_group(amax, enc, dec);
+        // (Block mode: the same scale and reciprocal without the division's slow path, bitwise.)
+        const Nvfp4Group grp = kTileMode ? nvfp4_group(amax, enc, dec) : nvfp4_block_group(amax);
 #pragma unroll
         for (int i = 0; i < kNvfp4GroupSize; ++i) v[i] = nvfp4_fake_quant(grp, v[i]);
       }
@@ -136,16 +138,17 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 }  // namespace fva::dev
 
 // Block mode (scale_mode FVA_SCALE_BLOCK) and tile mode: one kernel each, so that block mode's few
-// raw words set its registers alone.
-extern "C" __global__ void fva_nvfp4_quantize_bf16(const fva::kern::QuantizeParams p) {
-  fva::dev::quantize_tiles<fva::dev::Bf16, fva::kern::kQuantizeBlockBatch>(p);
+// raw words set its registers alone. Block mode in bf16 (QAT's) fits 64 registers, 8 blocks of 128
+// threads per SM; in f16 the same bound spills 16 bytes, so it takes the 70 it needs (7 blocks).
+extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::Bf16, false>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_f16(const fva::kern::QuantizeParams p) {
-  fva::dev::quantize_tiles<fva::dev::F16, fva::kern::kQuantizeBlockBatch>(p);
+  fva::dev::quantize_tiles<fva::dev::F16, false>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_tile_bf16(const fva::kern::QuantizeParams p) {
-  fva::dev::quantize_tiles<fva::dev::Bf16, fva::kern::kQuantizeTileBatch>(p);
+  fva::dev::quantize_tiles<fva::dev::Bf16, true>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_tile_f16(const fva::kern::QuantizeParams p) {
-  fva::dev::quantize_tiles<fva::dev::F16, fva::kern::kQuantizeTileBatch>(p);
+  fva::dev::quantize_tiles<fva::dev::F16, true>(p);
 }
