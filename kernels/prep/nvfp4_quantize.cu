@@ -139,7 +139,8 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 
 // Block mode (scale_mode FVA_SCALE_BLOCK) and tile mode: one kernel each, so that block mode's few
 // raw words set its registers alone. Block mode in bf16 (QAT's) fits 64 registers, 8 blocks of 128
-// threads per SM; in f16 the same bound spills 16 bytes, so it takes the 70 it needs (7 blocks).
+// threads per SM; in f16 the same bound spills 16 bytes on sm_90a, so it takes the 70 it needs there
+// (7 blocks; 63 and 56 on sm_100a and sm_120).
 extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16(const fva::kern::QuantizeParams p) {
   fva::dev::quantize_tiles<fva::dev::Bf16, false>(p);
 }
