@@ -113,7 +113,8 @@ struct QuantizeTensor {
   bool owned_order = false;  // y in the Hopper forward's key order, padded (QuantizeJob)
 };
 
-// One launch over up to kern::kMaxQuantizeJobs tensors sharing B, D and the scale mode.
+// One launch over up to kern::kMaxQuantizeJobs tensors sharing B, D and the scale mode. tile_tokens
+// is tile mode's tile; block mode, which has none, takes its own work unit.
 void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<QuantizeTensor>& jobs,
                      int64_t B, int64_t D, int32_t scale_mode, int32_t tile_tokens, void* stream) {
   if (jobs.empty()) return;
@@ -352,11 +353,10 @@ void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const 
       x.shape[2] > std::numeric_limits<int32_t>::max() - 64)
     fail(FVA_ERR_UNSUPPORTED, "x: too large for the CUDA backend's 32-bit token indexing");
   ensure_context(h.device);
-  // Block mode has no tile: 32-token work units keep every warp busy.
-  const int64_t tile = p.scale_mode == FVA_SCALE_TILE ? p.tile_tokens : 32;
+  // (In block mode tile_tokens is not read; launch_quantize picks the unit.)
   launch_quantize(h, x.dtype, {{tensor4(x), tensor4(y), x.shape[1], x.shape[2], true, nullptr}},
                   x.shape[0], x.shape[3], p.scale_mode,
-                  static_cast<int32_t>(std::min<int64_t>(tile, x.shape[2])), stream);
+                  static_cast<int32_t>(std::min<int64_t>(p.tile_tokens, x.shape[2])), stream);
 }
 
 }  // namespace fva::cuda
