@@ -53,7 +53,9 @@ __device__ __forceinline__ void store_group(typename T::Storage* dst,
   *reinterpret_cast<uint4*>(dst + 8) = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-template <typename T, bool kTileMode>
+// kD: the head dimension as a constant (block mode at D = 64 and 128, QAT's), so that a group's
+// token and column come from shifts; 0 reads p.D (every other D, and tile mode).
+template <typename T, bool kTileMode, int kD = 0>
 __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   using E = typename T::Storage;
   constexpr int kBatch = kTileMode ? kern::kQuantizeTileBatch : kern::kQuantizeBlockBatch;
@@ -68,14 +70,28 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   const kern::QuantizeJob& job = p.job[j];
   const int64_t local = tile - job.first_tile;
   const int lane = threadIdx.x & 31;
-  const int64_t tiles_per_bh = (job.S + p.tile_tokens - 1) / p.tile_tokens;
-  const int64_t bh = local / tiles_per_bh;
-  const int b = static_cast<int>(bh / job.H), h = static_cast<int>(bh % job.H);
-  const int s0 = static_cast<int>((local % tiles_per_bh) * p.tile_tokens);
+  // The warp's (b, h) and first token. In 32 bits wherever the job's tiles fit them (every tensor
+  // a GPU holds today): a 64-bit division is a subroutine of some hundred instructions, and block
+  // mode's warps convert only 8 tokens each (at D = 128), so two or three of them per warp were a
+  // large share of the kernel's instructions.
+  const int tiles_per_bh = (job.S + p.tile_tokens - 1) / p.tile_tokens;
+  int b, h, s0;
+  if (local < (int64_t{1} << 31)) {
+    const uint32_t l = static_cast<uint32_t>(local), per = static_cast<uint32_t>(tiles_per_bh);
+    const uint32_t bh = l / per, heads = static_cast<uint32_t>(job.H);
+    b = static_cast<int>(bh / heads);
+    h = static_cast<int>(bh - static_cast<uint32_t>(b) * heads);
+    s0 = static_cast<int>(l - bh * per) * p.tile_tokens;
+  } else {
+    const int64_t bh = local / tiles_per_bh;
+    b = static_cast<int>(bh / job.H);
+    h = static_cast<int>(bh % job.H);
+    s0 = static_cast<int>(local % tiles_per_bh) * p.tile_tokens;
+  }
   const int rows = min(p.tile_tokens, job.S - s0);
   const E* x = static_cast<const E*>(job.x.data) + b * job.x.stride_b + h * job.x.stride_h;
   E* y = static_cast<E*>(job.y.data) + b * job.y.stride_b + h * job.y.stride_h;
-  const int row_groups = p.D / kNvfp4GroupSize;
+  const int row_groups = (kD > 0 ? kD : p.D) / kNvfp4GroupSize;
   const int groups = rows * row_groups;
   auto src = [&](int g) { return x + (s0 + g / row_groups) * job.x.stride_s + (g % row_groups) * 16; };
   // y's row of token s: s itself, or (owned_order) its row in the Hopper forward's tile order.
@@ -141,11 +157,25 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 // raw words set its registers alone. Block mode in bf16 (QAT's) fits 64 registers, 8 blocks of 128
 // threads per SM; in f16 the same bound spills 16 bytes on sm_90a, so it takes the 70 it needs there
 // (7 blocks; 63 and 56 on sm_100a and sm_120).
+// Block mode at D = 64 and 128 (the attention ops' head dimensions) has kernels of its own, _d64 and
+// _d128, with D a constant; the plain names serve every other D.
 extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16(const fva::kern::QuantizeParams p) {
   fva::dev::quantize_tiles<fva::dev::Bf16, false>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_f16(const fva::kern::QuantizeParams p) {
   fva::dev::quantize_tiles<fva::dev::F16, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16_d64(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::Bf16, false, 64>(p);
+}
+extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16_d128(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::Bf16, false, 128>(p);
+}
+extern "C" __global__ void fva_nvfp4_quantize_f16_d64(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::F16, false, 64>(p);
+}
+extern "C" __global__ void fva_nvfp4_quantize_f16_d128(const fva::kern::QuantizeParams p) {
+  fva::dev::quantize_tiles<fva::dev::F16, false, 128>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_tile_bf16(const fva::kern::QuantizeParams p) {
   fva::dev::quantize_tiles<fva::dev::Bf16, true>(p);

@@ -165,8 +165,12 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
   l.block = static_cast<unsigned>(32 * kWarpsPerBlock);
+  // Block mode at D = 64 and 128 runs a kernel built for that D (prep/nvfp4_quantize.cu).
+  const bool fixed_d = block_mode && (D == 64 || D == 128);
   launch("prep",
-         fmt::format("fva_nvfp4_quantize_{}{}", block_mode ? "" : "tile_", dtype_suffix(dtype)).c_str(),
+         fmt::format("fva_nvfp4_quantize_{}{}{}", block_mode ? "" : "tile_", dtype_suffix(dtype),
+                     fixed_d ? fmt::format("_d{}", D) : "")
+             .c_str(),
          h.device, l, stream, q);
 }
 

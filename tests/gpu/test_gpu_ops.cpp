@@ -784,30 +784,35 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
   }
 }
 
+// D drawn from 16-192, then 64 and 128, which block mode runs with kernels of their own (D a
+// constant); S from 1 to 200, so a (b, h)'s last work unit is often partial.
 TEST_CASE("GPU NVFP4 fake quantization is bit-exact with the CPU backend") {
-  for (int mode : {FVA_SCALE_BLOCK, FVA_SCALE_TILE}) {
-    const int64_t B = uniform(1, 2), H = uniform(1, 3), S = uniform(1, 200), D = 16 * uniform(1, 12);
-    const int32_t dtype = uniform(0, 1) ? FVA_DTYPE_BF16 : FVA_DTYPE_F16;
-    INFO("mode " << mode << " B" << B << " H" << H << " S" << S << " D" << D);
-    HostTensor x(dtype, {B, H, S, D}, Layout::BSHD), y_ref(dtype, {B, H, S, D}), y_got(dtype, {B, H, S, D});
-    std::vector<double> vals = normal_values(x.numel(), 3.0);
-    for (size_t i = 0; i < vals.size(); i += 97) vals[i] = 0.0;  // some all-but-zero groups
-    x.fill(vals);
-    fva_nvfp4_config_t cfg = FVA_NVFP4_CONFIG_INIT;
-    cfg.scale_mode = mode;
-    cfg.tile_tokens = static_cast<int32_t>(uniform(1, 64));
-    CpuHandle cpu;
-    REQUIRE_OK(fva_nvfp4_fake_quantize(cpu.h, &cfg, x.t(), y_ref.t(), nullptr));
-    CudaHandle gpu;
-    DeviceTensor dx(x), dy(y_got);
-    REQUIRE_OK(fva_nvfp4_fake_quantize(gpu.h, &cfg, dx.t(), dy.t(), nullptr));
-    dy.download(y_got);
-    CHECK(y_got.bits16() == y_ref.bits16());
-    // In place (y = x): every group is read whole before it is written.
-    HostTensor y_in_place(dtype, {B, H, S, D}, Layout::BSHD);
-    REQUIRE_OK(fva_nvfp4_fake_quantize(gpu.h, &cfg, dx.t(), dx.t(), nullptr));
-    dx.download(y_in_place);
-    CHECK(y_in_place.bits16() == y_ref.bits16());
+  for (const int64_t fixed_d : {int64_t{0}, int64_t{64}, int64_t{128}}) {
+    for (int mode : {FVA_SCALE_BLOCK, FVA_SCALE_TILE}) {
+      const int64_t B = uniform(1, 2), H = uniform(1, 3), S = uniform(1, 200);
+      const int64_t D = fixed_d > 0 ? fixed_d : 16 * uniform(1, 12);
+      const int32_t dtype = uniform(0, 1) ? FVA_DTYPE_BF16 : FVA_DTYPE_F16;
+      INFO("mode " << mode << " B" << B << " H" << H << " S" << S << " D" << D);
+      HostTensor x(dtype, {B, H, S, D}, Layout::BSHD), y_ref(dtype, {B, H, S, D}), y_got(dtype, {B, H, S, D});
+      std::vector<double> vals = normal_values(x.numel(), 3.0);
+      for (size_t i = 0; i < vals.size(); i += 97) vals[i] = 0.0;  // some all-but-zero groups
+      x.fill(vals);
+      fva_nvfp4_config_t cfg = FVA_NVFP4_CONFIG_INIT;
+      cfg.scale_mode = mode;
+      cfg.tile_tokens = static_cast<int32_t>(uniform(1, 64));
+      CpuHandle cpu;
+      REQUIRE_OK(fva_nvfp4_fake_quantize(cpu.h, &cfg, x.t(), y_ref.t(), nullptr));
+      CudaHandle gpu;
+      DeviceTensor dx(x), dy(y_got);
+      REQUIRE_OK(fva_nvfp4_fake_quantize(gpu.h, &cfg, dx.t(), dy.t(), nullptr));
+      dy.download(y_got);
+      CHECK(y_got.bits16() == y_ref.bits16());
+      // In place (y = x): every group is read whole before it is written.
+      HostTensor y_in_place(dtype, {B, H, S, D}, Layout::BSHD);
+      REQUIRE_OK(fva_nvfp4_fake_quantize(gpu.h, &cfg, dx.t(), dx.t(), nullptr));
+      dx.download(y_in_place);
+      CHECK(y_in_place.bits16() == y_ref.bits16());
+    }
   }
 }
 
