@@ -56,7 +56,7 @@ cpu::QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_
 size_t forward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::qat_forward_workspace(p);
   cuda::require_qat_support(p, p.dtype);
-  return cuda::qat_forward_workspace(p);
+  return cuda::qat_forward_workspace(h, p);
 }
 
 size_t backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {

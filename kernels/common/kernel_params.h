@@ -77,6 +77,19 @@ struct Sm90ForwardParams {
   AttentionParams a;
   TensorMap q, k, v;
   TensorMap o;
+  // The QAT forward's blocks (its grid is one-dimensional; the VSA forward leaves these unset).
+  // Query tile t (of 64 x consumers rows) is row tile t % q_tiles of (b, q head) t / q_tiles.
+  // Blocks [0, split_first) run tiles [0, split_first) whole; the blocks after them split the
+  // tiles from split_first on, split_pieces adjacent blocks per tile, each over a contiguous share
+  // of the key tiles (the tail split: src/cuda/sm90_kernels.cpp plans it, so that the grid's last
+  // wave is not a partial one). Every piece but a tile's last writes its running state to
+  // split_partials and raises its flag in split_flags (zeroed before the launch); the last piece
+  // waits for them, merges them and writes the outputs (hopper/forward_split_sm90.cuh).
+  int32_t q_tiles;
+  int32_t split_first;   // the tiles' count when nothing is split
+  int32_t split_pieces;  // 1, or 2..kMaxForwardSplitPieces
+  float* split_partials;  // sm90_forward_partial_floats per thread and consumer, per piece
+  uint32_t* split_flags;  // one per (split tile, piece but the last, consumer)
 };
 
 // The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.
@@ -179,6 +192,14 @@ constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 
 // P·V's m64n(D+8) product reads, so that it sums P's rows too), mbarriers (1024 bytes).
 constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
   return (query_tiles + 2 * stages) * 64 * D * 2 + stages * 64 * 128 + 1024;
+}
+
+// The QAT forward's tail split (Sm90ForwardParams): a piece's running state per consumer thread
+// (o when P is quantized, o_hp with the rows' sums, the rows' reference maxima), in floats rounded
+// up to whole 16-byte vectors; a consumer warpgroup's is 128 times that.
+constexpr int kMaxForwardSplitPieces = 8;
+constexpr int sm90_forward_partial_floats(int D, bool quantize_p) {
+  return ((quantize_p ? D / 2 : 0) + D / 2 + 4 + 2 + 3) / 4 * 4;
 }
 
 // Rows per warp of the Delta pre-pass (common/attention_backward.cuh, attention_delta): each lane

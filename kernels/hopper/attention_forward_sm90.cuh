@@ -42,6 +42,7 @@
 #include "common/kernel_params.h"
 #include "common/key_order.h"
 #include "common/online_softmax.cuh"
+#include "hopper/forward_split_sm90.cuh"
 #include "hopper/query_stream_sm90.cuh"
 
 namespace fva::dev::sm90 {
@@ -116,13 +117,18 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
 
   const int warpgroup = threadIdx.x / 128;  // 0: producer; 1..kConsumers: consumers
-  const int bh = blockIdx.y;
+  // The block's query tile and its share of the key tiles (forward_split_sm90.cuh).
+  const ForwardTile work(P, static_cast<int>(blockIdx.x));
+  const int bh = work.tile / P.q_tiles;
   const int b = bh / p.Hq, h = bh % p.Hq;
   const int hk = h / (p.Hq / p.Hkv);
   // Heaviest query tiles first (causal): the last tiles see the most keys.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * 64 * kConsumers;
+  const int q0 = (P.q_tiles - 1 - (work.tile - bh * P.q_tiles)) * 64 * kConsumers;
   // The block's tiles: those its last 64 rows see (causal QAT: a superset of the first rows').
-  const Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
+  Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
+  // (Unquantized P only: the host never splits a quantized forward, forward_split_sm90.cuh.)
+  if constexpr (!kQuantizeP)
+    if (work.pieces > 1) sched.restrict_to_piece(work.piece, work.pieces);
 
   if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
   ring.template fill_ones<T>();
@@ -315,11 +321,23 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
   }
 
+  // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for them.
+  const ForwardTile out(P, static_cast<int>(opaque(blockIdx.x)));
+  if constexpr (!kQuantizeP) {
+    if (out.pieces > 1) {  // a split tile: publish this piece's state, or merge the others'
+      const ForwardPartials<D, kQuantizeP, kConsumers> partials(P, out.split, c);
+      const int barrier = 3 + c;  // 1 and 2 are the ping-pong's
+      if (out.writes_partial()) {
+        partials.publish(out.piece, tid, barrier, o, o_hp, m_ref);
+        return;
+      }
+      for (int j = 0; j + 1 < out.pieces; ++j) partials.merge(j, tid, barrier, o, o_hp, m_ref);
+    }
+  }
   // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
   const float l[2] = {o_hp[D / 2], o_hp[D / 2 + 2]};
   const float(&pv)[D / 2] = reinterpret_cast<const float(&)[D / 2]>(o_hp);  // P·V's D columns
-  // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for them.
-  const int bh_out = static_cast<int>(opaque(blockIdx.y));
+  const int bh_out = out.tile / P.q_tiles;
   const int b_out = bh_out / p.Hq, h_out = bh_out % p.Hq;
   if constexpr (kQuantizeP) {
     store_forward_outputs<T, D, true>(p, b_out, h_out, row_base, t, o, pv, m_ref, l);

@@ -16,6 +16,7 @@ struct QatKeyTiles {
   static constexpr float kMaskedLogit = -1.0e6f;
   int n_tiles, skv;
   bool causal;
+  int begin = 0;  // the first tile (restrict_to_piece)
 
   __device__ __forceinline__ QatKeyTiles(const kern::AttentionParams& p, int, int, int q0)
       : skv(p.Skv), causal(p.causal != 0) {
@@ -25,7 +26,14 @@ struct QatKeyTiles {
       n_tiles = min(n_tiles, last_row / 64 + 1);
     }
   }
-  __device__ __forceinline__ int first() const { return n_tiles > 0 ? 0 : -1; }
+  // Piece `piece` of `pieces` (the sm_90a forward's tail split, never causal): the key tiles
+  // [piece n / pieces, (piece + 1) n / pieces) of the n the rows see, in ascending order.
+  __device__ __forceinline__ void restrict_to_piece(int piece, int pieces) {
+    const int n = n_tiles;
+    begin = piece * n / pieces;
+    n_tiles = (piece + 1) * n / pieces;
+  }
+  __device__ __forceinline__ int first() const { return begin < n_tiles ? begin : -1; }
   __device__ __forceinline__ int next(int i) const { return i + 1 < n_tiles ? i + 1 : -1; }
   __device__ __forceinline__ int key0(int i) const { return i * 64; }
   __device__ __forceinline__ int valid_keys(int i) const { return min(64, skv - i * 64); }

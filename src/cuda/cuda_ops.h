@@ -18,7 +18,7 @@ namespace fva::cuda {
 void require_qat_support(const cpu::QatProblem& p, int32_t dtype);
 void require_vsa_support(const cpu::VsaProblem& p, int32_t dtype);
 
-size_t qat_forward_workspace(const cpu::QatProblem& p);
+size_t qat_forward_workspace(const fva_handle& h, const cpu::QatProblem& p);
 void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                  const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream);

@@ -65,9 +65,10 @@ struct DqPath {
 };
 
 // One layout for sizing and carving: prepared tensors, the mean, then (backward) Delta and, when
-// the sm_90a dK/dV kernel reduces dQ, its fp32 accumulator.
+// the sm_90a dK/dV kernel reduces dQ, its fp32 accumulator; (forward) the split tail's pieces'
+// states and flags, which *split receives.
 QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, const DqPath& dq,
-                 WorkspaceCarver& c) {
+                 WorkspaceCarver& c, Sm90ForwardSplit* split = nullptr) {
   QatBuffers b;
   if (prep.q) b.fq = c.take<uint16_t>(static_cast<size_t>(p.B * p.Hq * p.Sq * p.D));
   const int64_t kv = kv_rows(p, prep);
@@ -82,7 +83,17 @@ QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, 
     b.dq_accumulator = c.take<float>(
         static_cast<size_t>(kern::sm90_dq_accumulator_bytes(p.B, p.Hq, p.Sq, p.D) / 4));
   if (dq.stored.kv_units_per_chunk > 0) b.ds_tiles = c.take<char>(dq.stored.bytes);
+  if (split != nullptr && split->pieces > 1) {
+    split->partials = c.take<float>(split->partial_floats());
+    split->flags = c.take<uint32_t>(split->flag_words());
+  }
   return b;
+}
+
+// The native forward's tail split for this call (sm90_qat_forward_split).
+Sm90ForwardSplit forward_split(const fva_handle& h, const cpu::QatProblem& p) {
+  return sm90_qat_forward_split(h, p.B, p.Hq, p.Sq, p.Skv, p.D, p.cfg.causal != 0,
+                                p.cfg.quantize != 0, p.cfg.p_scale);
 }
 
 // The backward's quantization: FastVideo's use_qat_qkv_backward = 0 runs it on the unquantized
@@ -237,9 +248,10 @@ void require_qat_support(const cpu::QatProblem& p, int32_t dtype) {
     fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 - 65 are not supported by the CUDA backend");
 }
 
-size_t qat_forward_workspace(const cpu::QatProblem& p) {
+size_t qat_forward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
   WorkspaceCarver c(nullptr);
-  carve(p, prepared(p, p.cfg.quantize != 0, true), false, DqPath{}, c);
+  Sm90ForwardSplit split = forward_split(h, p);
+  carve(p, prepared(p, p.cfg.quantize != 0, true), false, DqPath{}, c, &split);
   return c.bytes();
 }
 
@@ -256,7 +268,8 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   const bool quantize = p.cfg.quantize != 0;
   const Prepared prep = prepared(p, quantize, true);
   WorkspaceCarver c(ws);
-  const QatBuffers buf = carve(p, prep, false, DqPath{}, c);
+  Sm90ForwardSplit split = forward_split(h, p);
+  const QatBuffers buf = carve(p, prep, false, DqPath{}, c, &split);
   kern::AttentionParams a = describe(p, prep, buf, q, k, v);
   a.o = tensor4(o);
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
@@ -269,7 +282,7 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   if (sm90_forward_prepare(h, Sm90Kind::kQat, a, p.D, quantize, p.cfg.p_scale, &native,
                            kv_rows(p, prep))) {
     fill_prepared(h, p, quantize, prep, buf, a, q, k, v, prep.padded_kv, stream);
-    sm90_forward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, quantize, stream);
+    sm90_forward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, quantize, stream, &split);
     return;
   }
   fill_prepared(h, p, quantize, prep, buf, a, q, k, v, false, stream);

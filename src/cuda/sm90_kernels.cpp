@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "kernel_images.h"
@@ -79,6 +80,10 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
   const Api* api = native_api(h, D);
   if (api == nullptr) return false;
   params->a = a;
+  params->q_tiles = params->split_first = 0;  // the QAT forward's launch sets them
+  params->split_pieces = 1;
+  params->split_partials = nullptr;
+  params->split_flags = nullptr;
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
   // kernels, which read through plain pointers, run the call.
   // (The VSA forward also stores o by the TMA, and has no o_hp.)
@@ -89,8 +94,71 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
           (a.o_hp.data == nullptr && encode(*api, a.o, a.B, a.Hq, a.Sq, D, &params->o)));
 }
 
+size_t Sm90ForwardSplit::partial_floats() const {
+  if (pieces < 2) return 0;
+  return static_cast<size_t>(tiles - first) * static_cast<size_t>(pieces - 1) * kQatConsumers *
+         128 * static_cast<size_t>(kern::sm90_forward_partial_floats(static_cast<int>(D), quantize_p));
+}
+size_t Sm90ForwardSplit::flag_words() const {
+  return pieces < 2 ? 0 : static_cast<size_t>(tiles - first) * (pieces - 1) * kQatConsumers;
+}
+
+namespace {
+// FVATTN_QAT_SPLIT: -1 (unset or "auto": the plan), else the pieces asked for (0 and 1: none).
+int split_override() {
+  const char* env = std::getenv("FVATTN_QAT_SPLIT");
+  if (env == nullptr || *env == '\0' || std::string(env) == "auto") return -1;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(env, &end, 10);
+  if (errno != 0 || end == env || *end != '\0' || v < 0)
+    fail(FVA_ERR_INVALID_ARGUMENT, "FVATTN_QAT_SPLIT: '{}' is not auto or a count of pieces", env);
+  return static_cast<int>(std::min<long>(v, kern::kMaxForwardSplitPieces));
+}
+}  // namespace
+
+Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t Hq, int64_t Sq,
+                                        int64_t Skv, int64_t D, bool causal, bool quantize_p,
+                                        int32_t p_scale) {
+  Sm90ForwardSplit s;
+  if (native_api(h, D) == nullptr || (quantize_p && p_scale != FVA_SCALE_BLOCK)) return s;
+  s.D = D;
+  s.quantize_p = quantize_p;
+  s.tiles = static_cast<int64_t>(blocks_for(Sq, 64 * kQatConsumers)) * B * Hq;
+  s.first = s.tiles;
+  // One block per SM (its 384 threads' registers fill one).
+  const int64_t slots = h.device.sm_count;
+  const int64_t key_tiles = (Skv + 63) / 64;
+  const int forced = split_override();
+  // Quantized P is never split: its FQ_P needs the running max of every earlier key
+  // (forward_split_sm90.cuh says why).
+  if (quantize_p || causal || slots <= 0 || forced == 0 || forced == 1) return s;
+  int64_t tail = s.tiles % slots;
+  if (s.tiles < slots) tail = s.tiles;
+  if (tail == 0 && forced > 1) tail = slots;
+  if (tail == 0) return s;
+  int pieces = 1;
+  if (forced > 1) {
+    pieces = static_cast<int>(std::min<int64_t>(forced, key_tiles));
+  } else {
+    // The last wave's length in tiles' time: unsplit 1; in `k` pieces, waves of pieces, each
+    // 1 / k of a tile plus its start (the ring's fill, Q's load, the merge), about 6 key tiles.
+    double best = 1.0 - 0.02;
+    for (int k = 2; k <= kern::kMaxForwardSplitPieces && key_tiles >= 8 * k; ++k) {
+      const int64_t waves = (tail * k + slots - 1) / slots;
+      const double span = static_cast<double>(waves) * (1.0 / k + 6.0 / static_cast<double>(key_tiles));
+      if (span < best) best = span, pieces = k;
+    }
+  }
+  if (pieces < 2) return s;
+  s.first = s.tiles - tail;
+  s.pieces = pieces;
+  return s;
+}
+
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
-                         int64_t D, int32_t dtype, bool quantize_p, void* stream) {
+                         int64_t D, int32_t dtype, bool quantize_p, void* stream,
+                         const Sm90ForwardSplit* split) {
   const kern::AttentionParams& a = params.a;
   if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: Q, K, V tiles
     const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
@@ -98,16 +166,40 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
     return;
   }
   // attention_forward_sm90.cuh: a block per 64 x kQatConsumers query rows of every (b, q head), a
-  // producer warpgroup beside the consumers.
+  // producer warpgroup beside the consumers, in a one-dimensional grid (forward_split_sm90.cuh).
+  kern::Sm90ForwardParams P = params;
+  const int64_t q_tiles = blocks_for(a.Sq, 64 * kQatConsumers);
+  const int64_t tiles = q_tiles * a.B * a.Hq;
+  P.q_tiles = static_cast<int32_t>(q_tiles);
+  P.split_first = static_cast<int32_t>(tiles);
+  P.split_pieces = 1;
+  P.split_partials = nullptr;
+  P.split_flags = nullptr;
+  const bool splits = split != nullptr && split->pieces > 1;
+  const int64_t blocks = splits ? split->first + (tiles - split->first) * split->pieces : tiles;
+  if (blocks > std::numeric_limits<int32_t>::max())
+    fail(FVA_ERR_UNSUPPORTED, "q: {} query tiles of 128 rows exceed the native forward's grid", tiles);
+  if (splits) {
+    if (split->tiles != tiles || split->partials == nullptr || split->flags == nullptr)
+      fail(FVA_ERR_INTERNAL, "the QAT forward's split plan does not match its launch");
+    P.split_first = static_cast<int32_t>(split->first);
+    P.split_pieces = split->pieces;
+    P.split_partials = split->partials;
+    P.split_flags = split->flags;
+    const Api& api = *cuda::api();
+    const CUresult r = api.cuMemsetD32Async(reinterpret_cast<unsigned long long>(split->flags), 0,
+                                            split->flag_words(), stream);
+    if (r != CUDA_SUCCESS)
+      fail(FVA_ERR_CUDA, "zeroing the QAT forward's split flags failed: {}", error_text(api, r));
+  }
   Launch l;
-  l.grid_x = blocks_for(a.Sq, 64 * kQatConsumers);
-  l.grid_y = static_cast<unsigned>(a.B) * static_cast<unsigned>(a.Hq);
+  l.grid_x = static_cast<unsigned>(blocks);
   l.block = 128 * (1 + kQatConsumers);
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
   const std::string name =
       fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
-  launch("sm90", name.c_str(), h.device, l, stream, params);
+  launch("sm90", name.c_str(), h.device, l, stream, P);
 }
 
 bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, int64_t D,

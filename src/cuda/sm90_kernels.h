@@ -22,9 +22,39 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
                           int64_t D, bool quantize_p, int32_t p_scale,
                           kern::Sm90ForwardParams* params, int64_t kv_rows);
 
-// Launches the forward prepared above (asynchronous, on `stream`).
+// The QAT forward's tail split (hopper/forward_split_sm90.cuh): its query tiles (64 x 2 rows of
+// every (b, q head)), the first one split, and into how many pieces over the key tiles. The
+// workspace holds the pieces' states and flags (sizes below; the size query and the call plan
+// alike, and a call whose forward does not run natively leaves them unused).
+// Planned when the native forward may run the call, P is not quantized (plain attention: FQ_P
+// needs the running max over every earlier key, which a later piece lacks) and it is not causal:
+// the tiles past the last full wave of one block per SM (all of them when they fill less than
+// one wave) are split into the number of pieces, 2 to kern::kMaxForwardSplitPieces, that gives
+// the shortest last wave by a model (waves of pieces, each piece 1 / pieces of a tile plus the
+// start of about 6 key tiles), at least 8 key tiles a piece; nothing when no split shortens it by
+// 2% of a tile. FVATTN_QAT_SPLIT overrides the plan (under the same conditions) for tests and A/B
+// runs: 0 (or 1) splits nothing, N >= 2 splits the tail into min(N, key tiles,
+// kMaxForwardSplitPieces) pieces (the last wave's tiles; every tile when they fill less than one).
+struct Sm90ForwardSplit {
+  int64_t tiles = 0;  // 0: no QAT forward on the native kernel is planned
+  int64_t first = 0;  // tiles [first, tiles) are split; first == tiles: none
+  int pieces = 1;
+  size_t partial_floats() const;  // the pieces' states, in floats
+  size_t flag_words() const;      // their flags
+  float* partials = nullptr;      // the workspace's, set by the call
+  uint32_t* flags = nullptr;
+  int64_t D = 0;
+  bool quantize_p = false;
+};
+Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t Hq, int64_t Sq,
+                                        int64_t Skv, int64_t D, bool causal, bool quantize_p,
+                                        int32_t p_scale);
+
+// Launches the forward prepared above (asynchronous, on `stream`); the QAT forward with `split`
+// (its buffers set) splits the tiles it plans, after zeroing their flags on the stream.
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
-                         int64_t D, int32_t dtype, bool quantize_p, void* stream);
+                         int64_t D, int32_t dtype, bool quantize_p, void* stream,
+                         const Sm90ForwardSplit* split = nullptr);
 
 // The backward: encodes the TMA maps of a.q, a.k, a.v and a.dout into *params and returns true when
 // the sm_90a backward kernels can run this call (the forward's conditions, any P scale mode: dQ

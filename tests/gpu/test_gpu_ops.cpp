@@ -784,6 +784,120 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
   }
 }
 
+// The sm_90a forward of plain attention splits its grid's tail over the key tiles
+// (hopper/forward_split_sm90.cuh): FVATTN_QAT_SPLIT forces N pieces on the tiles of the last wave
+// (here every tile: a test's few tiles fill less than one wave). Each split result against the
+// reference; every run twice, bit for bit; lse against the unsplit kernel's (the merge changes
+// rounding only); the pieces' states in the workspace. Key tiles with gains far apart make the
+// pieces' maxima differ by more than the lazy rescale's 2^8, so merges scale by 0 too. Quantized P
+// is never split: the variable changes neither its workspace nor its bits.
+TEST_CASE("GPU plain attention forward with its tail split over the key tiles") {
+  CudaHandle probe;
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  REQUIRE_OK(fva_get_info(probe.h, &info));
+  const bool native = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  for (int rep = 0; rep < (quick() ? 2 : 4); ++rep) {
+    SUBCASE(("plain #" + std::to_string(rep)).c_str()) {
+      QatCase c = random_qat_case("plain");
+      c.Sq = uniform(65, 400);
+      c.Skv = uniform(200, 700);  // 4 to 11 key tiles: 8 pieces are clamped to their count
+      c.key_gain = rep % 2 == 1 ? 24.0 : 1.0;
+      INFO(describe(c));
+      MESSAGE(describe(c));
+      const QatTensors in = make_qat_inputs(c);
+      QatForwardOut ref = qat_outputs(c);
+      cpu_qat_forward(c, in, ref);
+      CudaHandle gpu;
+      auto workspace_bytes = [&] {
+        DeviceTensor q(in.q), k(in.k), v(in.v);
+        size_t bytes = 0;
+        REQUIRE_OK(fva_qat_forward_workspace_size(gpu.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
+        return bytes;
+      };
+      QatForwardOut whole = qat_outputs(c);
+      size_t whole_bytes = 0;
+      {
+        ScopedEnv env("FVATTN_QAT_SPLIT", "0");
+        gpu_qat_forward(gpu.h, c, in, whole);
+        whole_bytes = workspace_bytes();
+      }
+      const int64_t key_tiles = (c.Skv + 63) / 64;
+      for (const std::string pieces : {"2", "3", "8"}) {
+        ScopedEnv env("FVATTN_QAT_SPLIT", pieces.c_str());
+        INFO("FVATTN_QAT_SPLIT=" << pieces);
+        QatForwardOut got = qat_outputs(c), again = qat_outputs(c);
+        gpu_qat_forward(gpu.h, c, in, got);
+        gpu_qat_forward(gpu.h, c, in, again);
+        check_close("o", got.o, ref.o, kTol);
+        if (c.cfg.high_precision_o) check_close("o_hp", got.o_hp, ref.o_hp, kTol);
+        check_close("lse", got.lse, ref.lse, kLseTol);
+        CHECK_MESSAGE(got.o.bits16() == again.o.bits16(), "o differs between two identical runs");
+        CHECK_MESSAGE(got.o_hp.bits16() == again.o_hp.bits16(), "o_hp differs between two identical runs");
+        CHECK_MESSAGE(got.lse.values() == again.lse.values(), "lse differs between two identical runs");
+        check_close("lse against unsplit", got.lse, whole.lse, 2e-4);
+        // The states: per split tile (every tile here) and piece but the last, two consumers'
+        // 128 threads of sm90_forward_partial_floats floats, and a flag each, in whole 64-byte
+        // lines (a workspace that was empty gains its 64-byte pad).
+        const int64_t n = std::min<int64_t>({std::stoll(pieces), key_tiles, 8});
+        const int64_t tiles = c.B * c.Hq * ((c.Sq + 127) / 128);
+        const int64_t per_thread = (c.D / 2 + 6 + 3) / 4 * 4;
+        auto lines = [](int64_t bytes) { return static_cast<size_t>((bytes + 63) / 64 * 64); };
+        const size_t expected = !native ? 0
+                                        : lines(tiles * (n - 1) * 2 * 128 * per_thread * 4) +
+                                              lines(tiles * (n - 1) * 2 * 4) + (whole_bytes == 0 ? 64 : 0);
+        CHECK(workspace_bytes() - whole_bytes == expected);
+      }
+      // A call given the unsplit workspace is refused, not run short.
+      if (native) {
+        ScopedEnv env("FVATTN_QAT_SPLIT", "2");
+        DeviceTensor q(in.q), k(in.k), v(in.v);
+        QatForwardOut out = qat_outputs(c);
+        DeviceTensor o(out.o), o_hp(out.o_hp), lse(out.lse);
+        DeviceBuffer ws = device_workspace(whole_bytes);
+        CHECK(fva_qat_forward(gpu.h, &c.cfg, q.t(), k.t(), v.t(), o.t(),
+                              c.cfg.high_precision_o ? o_hp.t() : nullptr, lse.t(), ws.data(),
+                              whole_bytes, nullptr) == FVA_ERR_WORKSPACE_TOO_SMALL);
+      }
+    }
+  }
+  SUBCASE("quantized P is not split") {
+    QatCase c = random_qat_case("production");
+    c.Skv = uniform(200, 700);
+    const QatTensors in = make_qat_inputs(c);
+    CudaHandle gpu;
+    std::vector<uint16_t> bits[2];
+    size_t bytes[2] = {0, 0};
+    int i = 0;
+    for (const char* pieces : {"0", "3"}) {
+      ScopedEnv env("FVATTN_QAT_SPLIT", pieces);
+      QatForwardOut out = qat_outputs(c);
+      gpu_qat_forward(gpu.h, c, in, out);
+      bits[i] = out.o.bits16();
+      DeviceTensor q(in.q), k(in.k), v(in.v);
+      REQUIRE_OK(fva_qat_forward_workspace_size(gpu.h, &c.cfg, q.t(), k.t(), v.t(), &bytes[i]));
+      ++i;
+    }
+    CHECK(bits[0] == bits[1]);
+    CHECK(bytes[0] == bytes[1]);
+  }
+  // Not a count of pieces: refused, naming the variable.
+  SUBCASE("a malformed FVATTN_QAT_SPLIT") {
+    ScopedEnv env("FVATTN_QAT_SPLIT", "many");
+    const QatCase c = random_qat_case("plain");
+    const QatTensors in = make_qat_inputs(c);
+    DeviceTensor q(in.q), k(in.k), v(in.v);
+    size_t bytes = 0;
+    const fva_status_t st = fva_qat_forward_workspace_size(probe.h, &c.cfg, q.t(), k.t(), v.t(), &bytes);
+    if (native) {
+      CHECK(st == FVA_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(fva_last_error()).find("FVATTN_QAT_SPLIT") != std::string::npos);
+    } else {
+      CHECK(st == FVA_OK);
+    }
+  }
+}
+
 // D drawn from 16-192, then 64 and 128, which block mode runs with kernels of their own (D a
 // constant); S from 1 to 200, so a (b, h)'s last work unit is often partial.
 TEST_CASE("GPU NVFP4 fake quantization is bit-exact with the CPU backend") {

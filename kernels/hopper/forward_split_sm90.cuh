@@ -1,0 +1,153 @@
+// The sm_90a forward's tail split, for unquantized P (plain attention, the QAT ops with
+// quantize = 0): which query tile and which share of its key tiles a block runs, and how the
+// pieces of a split tile meet.
+//
+// Why: the forward runs one block per SM, one 128-row query tile per block, all tiles equally
+// long (non-causal). B = 1, H = 8 at S = 16384 is 1024 tiles on 132 SMs, 7.76 waves: the eighth
+// wave keeps 100 SMs busy and 32 idle for a whole tile's time, 3% of the kernel (32768: 15.5
+// waves, the same 3%). Splitting the tail's tiles over their key tiles lets every SM take a piece
+// of the last wave; the host (src/cuda/sm90_kernels.cpp) picks how many pieces.
+//
+// A piece is the usual mainloop over a contiguous range of key tiles. Each consumer thread then
+// holds its rows' running state relative to its own reference maxima: the accumulator o_hp (P V,
+// with the rows' sums l in its last four registers) and m. A piece but the tile's last stores
+// that state (fp32, as it is) and raises a flag; the last piece waits for the flags in piece
+// order and merges each state into its own,
+//     m' = max(m, m_j),  acc' = acc 2^(m - m') + acc_j 2^(m_j - m')  (o_hp and l alike),
+// the online softmax's own step, then writes the outputs. The merge order is fixed, so the result
+// is the same on every run; it differs from the unsplit kernel's by rounding (fp32, and P's bf16
+// operand, which is relative to another max).
+//
+// Why not quantized P: SPEC.md quantizes p = exp2(s - m') against the running max m' over every
+// key before it, and a later piece does not know the earlier pieces' keys. Its FQ_P then sees a
+// lower max, so its NVFP4 scales and E2M1 codes are another function's: 4% relative L2 on o
+// against the reference (SPEC's bound is 1%) when every tile was split (session 26,
+// docs/perf.md). The code below keeps o's registers in the state for that reason only.
+//
+// The wait needs the earlier pieces to make progress: they are lower block indices, which the
+// hardware dispatches first (the same assumption as CUTLASS's stream-K fix-up and FlashAttention
+// 3's deterministic backward), and a piece waits only after its own mainloop.
+#pragma once
+
+#include <math_constants.h>
+
+#include "common/kernel_params.h"
+#include "hopper/sm90_primitives.cuh"
+
+namespace fva::dev::sm90 {
+
+// Block `block` of the QAT forward's one-dimensional grid (Sm90ForwardParams's layout).
+struct ForwardTile {
+  int tile;          // (b, q head) * q_tiles + row tile
+  int piece, pieces;  // its share of the key tiles (pieces == 1: all of them)
+  int split;         // the tile's index among the split ones (pieces > 1)
+  __device__ __forceinline__ ForwardTile(const kern::Sm90ForwardParams& P, int block) {
+    if (block < P.split_first) {
+      tile = block;
+      piece = split = 0;
+      pieces = 1;
+    } else {
+      const int u = block - P.split_first;
+      pieces = P.split_pieces;
+      split = u / pieces;
+      piece = u - split * pieces;
+      tile = P.split_first + split;
+    }
+  }
+  __device__ __forceinline__ bool writes_partial() const { return piece + 1 < pieces; }
+};
+
+// The pieces' states of one split tile and consumer warpgroup: piece j's vectors at
+// partials + ((split (pieces - 1) + j) kConsumers + consumer) kVectors 128 float4s, laid out
+// [vector][thread] (a warp's store or load is 512 contiguous bytes), and its flag likewise.
+template <int D, bool kQuantizeP, int kConsumers>
+struct ForwardPartials {
+  static constexpr int kO = kQuantizeP ? D / 2 : 0;  // o's registers (quantized P only)
+  static constexpr int kHp = D / 2 + 4;              // o_hp's, the sums included
+  static constexpr int kVectors = kern::sm90_forward_partial_floats(D, kQuantizeP) / 4;
+  static constexpr int kMVector = (kO + kHp) / 4;  // m's two values open this vector
+  static_assert((kO + kHp) % 4 == 0 && kMVector < kVectors, "m starts a vector of its own");
+
+  float4* states;  // piece 0's, this consumer's
+  uint32_t* flags;
+  int stride;  // between consecutive pieces: vectors and flags / kConsumers
+
+  __device__ __forceinline__ ForwardPartials(const kern::Sm90ForwardParams& P, int split,
+                                             int consumer) {
+    const size_t slot = static_cast<size_t>(split) * (P.split_pieces - 1) * kConsumers + consumer;
+    states = reinterpret_cast<float4*>(P.split_partials) + slot * kVectors * 128;
+    flags = P.split_flags + slot;
+  }
+  __device__ __forceinline__ float4* state(int piece) const {
+    return states + static_cast<size_t>(piece) * kConsumers * kVectors * 128;
+  }
+  __device__ __forceinline__ uint32_t* flag(int piece) const { return flags + piece * kConsumers; }
+
+  // Element f of a thread's state: o, then o_hp, then m (f is a constant once unrolled).
+  __device__ __forceinline__ static float& at(int f, float (&o)[kQuantizeP ? D / 2 : 1],
+                                              float (&o_hp)[kHp], float (&m)[2], float& pad) {
+    if (f < kO) return o[f];
+    if (f < kO + kHp) return o_hp[f - kO];
+    if (f < kO + kHp + 2) return m[f - kO - kHp];
+    return pad;
+  }
+
+  // The consumer warpgroup (tid = its thread, barrier = a named barrier of its 128 threads alone)
+  // stores its state as `piece`'s and raises the piece's flag.
+  __device__ __forceinline__ void publish(int piece, int tid, int barrier,
+                                          float (&o)[kQuantizeP ? D / 2 : 1], float (&o_hp)[kHp],
+                                          float (&m)[2]) const {
+    float pad = 0.0f;
+    float4* dst = state(piece) + tid;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v)
+      __stcg(dst + v * 128, make_float4(at(4 * v, o, o_hp, m, pad), at(4 * v + 1, o, o_hp, m, pad),
+                                        at(4 * v + 2, o, o_hp, m, pad),
+                                        at(4 * v + 3, o, o_hp, m, pad)));
+    __threadfence();  // each thread's stores before the flag, at the GPU's scope
+    named_barrier_sync(barrier, 128);
+    if (tid == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag(piece)), "r"(1u) : "memory");
+  }
+
+  // Waits for `piece`'s flag and merges its state into this thread's.
+  __device__ __forceinline__ void merge(int piece, int tid, int barrier,
+                                        float (&o)[kQuantizeP ? D / 2 : 1], float (&o_hp)[kHp],
+                                        float (&m)[2]) const {
+    if (tid == 0) {
+      for (;;) {
+        uint32_t raised;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(raised) : "l"(flag(piece)) : "memory");
+        if (raised != 0u) break;
+        __nanosleep(200);
+      }
+    }
+    named_barrier_sync(barrier, 128);
+    __threadfence();
+    const float4* src = state(piece) + tid;
+    const float4 mv = __ldcg(src + kMVector * 128);
+    const float m_in[2] = {mv.x, mv.y};
+    float own[2], in[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mm = fmaxf(m[r], m_in[r]);
+      own[r] = m[r] == -CUDART_INF_F ? 0.0f : exp2f(m[r] - mm);
+      in[r] = m_in[r] == -CUDART_INF_F ? 0.0f : exp2f(m_in[r] - mm);
+      m[r] = mm;
+    }
+    float pad = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kMVector; ++v) {
+      const float4 x = __ldcg(src + v * 128);
+      const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int f = 4 * v + e, r = (f >> 1) & 1;  // the rescale's row rule (kO % 4 == 0)
+        float& acc = at(f, o, o_hp, m, pad);
+        acc = acc * own[r] + xs[e] * in[r];
+      }
+    }
+  }
+};
+
+}  // namespace fva::dev::sm90
