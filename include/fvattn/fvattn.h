@@ -207,16 +207,17 @@ typedef struct fva_qat_config {
  * dim), FVA_ERR_WORKSPACE_TOO_SMALL, FVA_ERR_CUDA, FVA_ERR_OUT_OF_MEMORY, FVA_ERR_INTERNAL. */
 
 /* Bytes of workspace fva_qat_forward needs for these shapes and config (written to *bytes). It
- * depends on the handle: on sm_90 the native forward of plain attention (cfg->quantize = 0, not
- * causal) splits the query tiles of its grid's last, partial wave over their key tiles, 2 to 8
- * pieces per tile, so that every SM takes a share of it, and the workspace holds the pieces' fp32
- * states (72 KiB per piece but a tile's last at D = 128, 40 KiB at D = 64; a flag each). A split
- * tile's outputs are reproducible run to run but differ from an unsplit tile's in rounding; which
- * tiles split depends on the device's SM count. (Quantized P is never split: SPEC's FQ_P needs
- * the running max over every earlier key.) The environment variable FVATTN_QAT_SPLIT (read at
- * every call; keep it unchanged between the query and the forward) overrides the plan: "auto" (or
- * unset), 0 (or 1) never split, N >= 2 split the last wave's tiles into N pieces (at most 8 and
- * the key tiles); anything else is FVA_ERR_INVALID_ARGUMENT. */
+ * depends on the handle: on sm_90 the native forward (not causal) splits the query tiles of its
+ * grid's last, partial wave over their key tiles, 2 to 8 pieces per tile, so that every SM takes
+ * a share of it, and the workspace holds the pieces' fp32 states (per piece but a tile's last:
+ * 136 KiB at D = 128 with quantized P, 72 KiB unquantized or at D = 64, 40 KiB for both; with
+ * quantized P 1 KiB more for its keys' row maxima, which the later pieces' FQ_P starts its
+ * running max from; two flags each). A split tile's outputs are reproducible run to run and
+ * differ from an unsplit tile's in rounding only (FQ_P's scales and codes are SPEC's); which
+ * tiles split depends on the device's SM count. The environment variable FVATTN_QAT_SPLIT (read
+ * at every call; keep it unchanged between the query and the forward) overrides the plan: "auto"
+ * (or unset), 0 (or 1) never split, N >= 2 split the last wave's tiles into N pieces (at most 8
+ * and the key tiles); anything else is FVA_ERR_INVALID_ARGUMENT. */
 FVA_API fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                                     const fva_tensor_t* q, const fva_tensor_t* k,
                                                     const fva_tensor_t* v, size_t* bytes);

@@ -90,6 +90,11 @@ struct Sm90ForwardParams {
   int32_t split_pieces;  // 1, or 2..kMaxForwardSplitPieces
   float* split_partials;  // sm90_forward_partial_floats per thread and consumer, per piece
   uint32_t* split_flags;  // one per (split tile, piece but the last, consumer)
+  // Quantized P: a piece but the last first publishes its keys' row maxima (2 floats per consumer
+  // thread) and raises its flag, so that every later piece starts FQ_P's running max from the
+  // max over every earlier key (SPEC's m'). Laid out as split_flags.
+  float* split_maxima;
+  uint32_t* split_max_flags;
 };
 
 // The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.

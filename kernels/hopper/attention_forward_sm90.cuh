@@ -31,6 +31,9 @@
 // VSA's forward is attention_forward_compact_sm90.cuh: its q blocks share no K/V tiles, and four
 // producer-less blocks per SM beat two warp-specialized ones.
 //
+// The grid is one-dimensional; the tiles of its last, partial wave may be split over their key
+// tiles, the pieces merging through the workspace (forward_split_sm90.cuh: +0.6% at S=32768 with
+// quantized P, +0.6% / +1.7% for plain attention, session 26).
 // Layout and instruction notes: sm90_primitives.cuh; the shared-memory ring and its producer:
 // query_stream_sm90.cuh (the query tiles are Q, one per consumer).
 #pragma once
@@ -126,9 +129,9 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   const int q0 = (P.q_tiles - 1 - (work.tile - bh * P.q_tiles)) * 64 * kConsumers;
   // The block's tiles: those its last 64 rows see (causal QAT: a superset of the first rows').
   Schedule sched(p, b, h, q0 + 64 * (kConsumers - 1));
-  // (Unquantized P only: the host never splits a quantized forward, forward_split_sm90.cuh.)
-  if constexpr (!kQuantizeP)
-    if (work.pieces > 1) sched.restrict_to_piece(work.piece, work.pieces);
+  if (work.pieces > 1) sched.restrict_to_piece(work.piece, work.pieces);
+  // Quantized P: a piece but the last runs its keys through S alone first (forward_split_sm90.cuh).
+  const bool keys_first = kQuantizeP && work.writes_partial();
 
   if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
   ring.template fill_ones<T>();
@@ -139,7 +142,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     setmaxnreg_dec<RegisterSplit<kConsumers>::kProducer>();
     if (threadIdx.x == 0) {
       const kern::TensorMap* const query[1] = {&P.q};
-      ring.template produce<kConsumers>(query, &P.k, &P.v, sched, q0, h, hk, b);
+      ring.template produce<kConsumers>(query, &P.k, &P.v, sched, q0, h, hk, b, keys_first);
     }
     return;
   }
@@ -243,6 +246,40 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     __syncwarp();
     if (lane == 0) mbar_arrive(ring.bar_empty(st));
   };
+  // A split tile's piece, quantized P (forward_split_sm90.cuh): FQ_P's running max starts from
+  // the max over every earlier key. A piece but the last first takes its own keys' maxima (S
+  // alone per key tile, the producer loading K only) and publishes them; a piece after the first
+  // then starts from the maxima of the pieces before it.
+  const int split_barrier = 3 + c;  // a named barrier of this consumer's 128 threads (1, 2: turns)
+  if constexpr (kQuantizeP) {
+    if (work.pieces > 1) {
+      const ForwardPartials<D, kQuantizeP, kConsumers> partials(P, work.split, c);
+      if (keys_first) {
+        float m_keys[2] = {-CUDART_INF_F, -CUDART_INF_F};
+        for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
+          mbar_wait(ring.bar_k(stage), phase);
+          issue_s(k_tile(stage));
+          wgmma_wait<0>();
+          fence_registers(s_flat);
+          release(stage);
+          apply_mask(tile);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) m_keys[r] = fmaxf(m_keys[r], fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // the quad's row max, scaled as the softmax scales its maxima
+          m_keys[r] = fmaxf(m_keys[r], __shfl_xor_sync(0xffffffffu, m_keys[r], 1));
+          m_keys[r] = fmaxf(m_keys[r], __shfl_xor_sync(0xffffffffu, m_keys[r], 2));
+          m_keys[r] = __fmul_rn(m_keys[r], p.scale_log2);
+        }
+        partials.publish_max(P, work.piece, tid, split_barrier, m_keys);
+      }
+      if (work.piece > 0) partials.earlier_max(P, work.piece, tid, split_barrier, m_run);
+    }
+  }
 
   // Ping-pong (FlashAttention-3's): the two consumers take turns to issue their products, each
   // turn {a tile's S, the previous tile's P·V}, so the tensor cores run one consumer's products
@@ -323,16 +360,13 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
 
   // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for them.
   const ForwardTile out(P, static_cast<int>(opaque(blockIdx.x)));
-  if constexpr (!kQuantizeP) {
-    if (out.pieces > 1) {  // a split tile: publish this piece's state, or merge the others'
-      const ForwardPartials<D, kQuantizeP, kConsumers> partials(P, out.split, c);
-      const int barrier = 3 + c;  // 1 and 2 are the ping-pong's
-      if (out.writes_partial()) {
-        partials.publish(out.piece, tid, barrier, o, o_hp, m_ref);
-        return;
-      }
-      for (int j = 0; j + 1 < out.pieces; ++j) partials.merge(j, tid, barrier, o, o_hp, m_ref);
+  if (out.pieces > 1) {  // a split tile: publish this piece's state, or merge the others'
+    const ForwardPartials<D, kQuantizeP, kConsumers> partials(P, out.split, c);
+    if (out.writes_partial()) {
+      partials.publish(out.piece, tid, split_barrier, o, o_hp, m_ref);
+      return;
     }
+    for (int j = 0; j + 1 < out.pieces; ++j) partials.merge(j, tid, split_barrier, o, o_hp, m_ref);
   }
   // rows g and g + 8 (columns 2t, 2t + 1 of the ones block hold the same sum)
   const float l[2] = {o_hp[D / 2], o_hp[D / 2 + 2]};

@@ -1,6 +1,5 @@
-// The sm_90a forward's tail split, for unquantized P (plain attention, the QAT ops with
-// quantize = 0): which query tile and which share of its key tiles a block runs, and how the
-// pieces of a split tile meet.
+// The sm_90a QAT forward's tail split: which query tile and which share of its key tiles a block
+// runs, and how the pieces of a split tile meet.
 //
 // Why: the forward runs one block per SM, one 128-row query tile per block, all tiles equally
 // long (non-causal). B = 1, H = 8 at S = 16384 is 1024 tiles on 132 SMs, 7.76 waves: the eighth
@@ -9,24 +8,26 @@
 // of the last wave; the host (src/cuda/sm90_kernels.cpp) picks how many pieces.
 //
 // A piece is the usual mainloop over a contiguous range of key tiles. Each consumer thread then
-// holds its rows' running state relative to its own reference maxima: the accumulator o_hp (P V,
-// with the rows' sums l in its last four registers) and m. A piece but the tile's last stores
-// that state (fp32, as it is) and raises a flag; the last piece waits for the flags in piece
-// order and merges each state into its own,
-//     m' = max(m, m_j),  acc' = acc 2^(m - m') + acc_j 2^(m_j - m')  (o_hp and l alike),
+// holds its rows' running state relative to its own reference maxima: the accumulators o (FQ_P(P)
+// V, quantized P) and o_hp (P V, with the rows' sums l in its last four registers) and m. A piece
+// but the tile's last stores that state (fp32, as it is) and raises a flag; the last piece waits
+// for the flags in piece order and merges each state into its own,
+//     m' = max(m, m_j),  acc' = acc 2^(m - m') + acc_j 2^(m_j - m')  (o, o_hp and l alike),
 // the online softmax's own step, then writes the outputs. The merge order is fixed, so the result
-// is the same on every run; it differs from the unsplit kernel's by rounding (fp32, and P's bf16
-// operand, which is relative to another max).
+// is the same on every run; it differs from the unsplit kernel's by rounding (fp32, and P's
+// operands, which are relative to another reference).
 //
-// Why not quantized P: SPEC.md quantizes p = exp2(s - m') against the running max m' over every
-// key before it, and a later piece does not know the earlier pieces' keys. Its FQ_P then sees a
-// lower max, so its NVFP4 scales and E2M1 codes are another function's: 4% relative L2 on o
-// against the reference (SPEC's bound is 1%) when every tile was split (session 26,
-// docs/perf.md). The code below keeps o's registers in the state for that reason only.
+// Quantized P needs more: SPEC.md quantizes p = exp2(s - m') against the running max m' over
+// every key before it, and a piece that started its running max from its own keys computed
+// another FQ_P (o 4% from the reference, session 26, docs/perf.md). So with quantized P every
+// piece but the last first runs its key tiles through S alone (K only: the producer completes
+// the stage's V barrier without a load), publishes its rows' maxima, and only then runs its
+// mainloop; a piece after the first starts its running max from the maxima of the pieces before
+// it (their keys are exactly the ones before its own). FQ_P's scales and codes are then SPEC's.
 //
-// The wait needs the earlier pieces to make progress: they are lower block indices, which the
+// The waits need the earlier pieces to make progress: they are lower block indices, which the
 // hardware dispatches first (the same assumption as CUTLASS's stream-K fix-up and FlashAttention
-// 3's deterministic backward), and a piece waits only after its own mainloop.
+// 3's deterministic backward), and no piece waits for a later one.
 #pragma once
 
 #include <math_constants.h>
@@ -70,13 +71,25 @@ struct ForwardPartials {
 
   float4* states;  // piece 0's, this consumer's
   uint32_t* flags;
-  int stride;  // between consecutive pieces: vectors and flags / kConsumers
+  size_t slot0;  // piece 0's slot, this consumer's: (split (pieces - 1)) kConsumers + consumer
 
   __device__ __forceinline__ ForwardPartials(const kern::Sm90ForwardParams& P, int split,
                                              int consumer) {
-    const size_t slot = static_cast<size_t>(split) * (P.split_pieces - 1) * kConsumers + consumer;
-    states = reinterpret_cast<float4*>(P.split_partials) + slot * kVectors * 128;
-    flags = P.split_flags + slot;
+    slot0 = static_cast<size_t>(split) * (P.split_pieces - 1) * kConsumers + consumer;
+    states = reinterpret_cast<float4*>(P.split_partials) + slot0 * kVectors * 128;
+    flags = P.split_flags + slot0;
+  }
+  __device__ __forceinline__ size_t max_slot(int piece) const {
+    return slot0 + static_cast<size_t>(piece) * kConsumers;
+  }
+  // One thread: until another block has raised *flag (acquire: its stores before are visible).
+  __device__ __forceinline__ static void wait_flag(const uint32_t* flag) {
+    for (;;) {
+      uint32_t raised;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(raised) : "l"(flag) : "memory");
+      if (raised != 0u) return;
+      __nanosleep(200);
+    }
   }
   __device__ __forceinline__ float4* state(int piece) const {
     return states + static_cast<size_t>(piece) * kConsumers * kVectors * 128;
@@ -110,18 +123,38 @@ struct ForwardPartials {
       asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag(piece)), "r"(1u) : "memory");
   }
 
+  // Quantized P: this consumer's rows' maxima over `piece`'s keys (m: rows g and g + 8, the
+  // scaled scores, as the softmax's running max takes them), published for the later pieces.
+  __device__ __forceinline__ void publish_max(const kern::Sm90ForwardParams& P, int piece, int tid,
+                                              int barrier, const float (&m)[2]) const {
+    __stcg(reinterpret_cast<float2*>(P.split_maxima) + max_slot(piece) * 128 + tid,
+           make_float2(m[0], m[1]));
+    __threadfence();
+    named_barrier_sync(barrier, 128);
+    if (tid == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(P.split_max_flags + max_slot(piece)),
+                   "r"(1u)
+                   : "memory");
+  }
+  // The running max before `piece`'s keys: the maxima of pieces 0 .. piece - 1, waited for.
+  __device__ __forceinline__ void earlier_max(const kern::Sm90ForwardParams& P, int piece, int tid,
+                                              int barrier, float (&m)[2]) const {
+    if (tid == 0)
+      for (int j = 0; j < piece; ++j) wait_flag(P.split_max_flags + max_slot(j));
+    named_barrier_sync(barrier, 128);
+    __threadfence();
+    for (int j = 0; j < piece; ++j) {
+      const float2 x = __ldcg(reinterpret_cast<const float2*>(P.split_maxima) + max_slot(j) * 128 + tid);
+      m[0] = fmaxf(m[0], x.x);
+      m[1] = fmaxf(m[1], x.y);
+    }
+  }
+
   // Waits for `piece`'s flag and merges its state into this thread's.
   __device__ __forceinline__ void merge(int piece, int tid, int barrier,
                                         float (&o)[kQuantizeP ? D / 2 : 1], float (&o_hp)[kHp],
                                         float (&m)[2]) const {
-    if (tid == 0) {
-      for (;;) {
-        uint32_t raised;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(raised) : "l"(flag(piece)) : "memory");
-        if (raised != 0u) break;
-        __nanosleep(200);
-      }
-    }
+    if (tid == 0) wait_flag(flag(piece));
     named_barrier_sync(barrier, 128);
     __threadfence();
     const float4* src = state(piece) + tid;

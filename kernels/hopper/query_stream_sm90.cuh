@@ -81,11 +81,14 @@ struct QueryStreamLayout {
 
   // The producer thread: the query-side tiles (`maps[i]` rows q0 + 64 c, for consumer c, into
   // query tile i * kConsumers + c), then K and V of every tile the schedule lists, in its order.
+  // keys_first (the QAT forward's split pieces, forward_split_sm90.cuh): before that, K alone of
+  // every listed tile, each stage's V barrier completed by a plain arrival (no load), so the
+  // barriers' phases stay in step.
   template <int kConsumers, int kMaps, typename Schedule>
   __device__ __forceinline__ void produce(const kern::TensorMap* const (&maps)[kMaps],
                                           const kern::TensorMap* k, const kern::TensorMap* v,
-                                          const Schedule& sched, int q0, int h, int hk,
-                                          int b) const {
+                                          const Schedule& sched, int q0, int h, int hk, int b,
+                                          bool keys_first = false) const {
     static_assert(kMaps * kConsumers == kQueryTiles, "one query tile per map and consumer");
     for (int i = 0; i < kMaps; ++i) tma_prefetch_descriptor(maps[i]);
     tma_prefetch_descriptor(k);
@@ -98,6 +101,16 @@ struct QueryStreamLayout {
                       64 * r, q0 + 64 * c, h, b);
     int stage = 0;
     uint32_t phase = 0;
+    if (keys_first) {
+      for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
+        mbar_wait(bar_empty(stage), phase ^ 1);
+        mbar_arrive_expect_tx(bar_k(stage), kTileBytes);
+        for (int r = 0; r < kRegions; ++r)
+          tma_load_4d(k_tile(stage) + r * kRegionBytes, k, bar_k(stage), 64 * r, sched.key0(tile), hk, b);
+        mbar_arrive(bar_v(stage));
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
+    }
     for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
       mbar_wait(bar_empty(stage), phase ^ 1);  // a fresh barrier's previous phase counts as done
       const int k0 = sched.key0(tile);

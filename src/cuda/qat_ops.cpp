@@ -85,7 +85,8 @@ QatBuffers carve(const cpu::QatProblem& p, const Prepared& prep, bool backward, 
   if (dq.stored.kv_units_per_chunk > 0) b.ds_tiles = c.take<char>(dq.stored.bytes);
   if (split != nullptr && split->pieces > 1) {
     split->partials = c.take<float>(split->partial_floats());
-    split->flags = c.take<uint32_t>(split->flag_words());
+    split->flags = c.take<uint32_t>(2 * split->flag_words());
+    if (split->quantize_p) split->maxima = c.take<float>(split->maxima_floats());
   }
   return b;
 }

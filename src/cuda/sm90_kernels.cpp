@@ -82,8 +82,8 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
   params->a = a;
   params->q_tiles = params->split_first = 0;  // the QAT forward's launch sets them
   params->split_pieces = 1;
-  params->split_partials = nullptr;
-  params->split_flags = nullptr;
+  params->split_partials = params->split_maxima = nullptr;
+  params->split_flags = params->split_max_flags = nullptr;
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
   // kernels, which read through plain pointers, run the call.
   // (The VSA forward also stores o by the TMA, and has no o_hp.)
@@ -101,6 +101,9 @@ size_t Sm90ForwardSplit::partial_floats() const {
 }
 size_t Sm90ForwardSplit::flag_words() const {
   return pieces < 2 ? 0 : static_cast<size_t>(tiles - first) * (pieces - 1) * kQatConsumers;
+}
+size_t Sm90ForwardSplit::maxima_floats() const {
+  return quantize_p ? flag_words() * 128 * 2 : 0;
 }
 
 namespace {
@@ -130,9 +133,7 @@ Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t 
   const int64_t slots = h.device.sm_count;
   const int64_t key_tiles = (Skv + 63) / 64;
   const int forced = split_override();
-  // Quantized P is never split: its FQ_P needs the running max of every earlier key
-  // (forward_split_sm90.cuh says why).
-  if (quantize_p || causal || slots <= 0 || forced == 0 || forced == 1) return s;
+  if (causal || slots <= 0 || forced == 0 || forced == 1) return s;
   int64_t tail = s.tiles % slots;
   if (s.tiles < slots) tail = s.tiles;
   if (tail == 0 && forced > 1) tail = slots;
@@ -143,10 +144,14 @@ Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t 
   } else {
     // The last wave's length in tiles' time: unsplit 1; in `k` pieces, waves of pieces, each
     // 1 / k of a tile plus its start (the ring's fill, Q's load, the merge), about 6 key tiles.
+    // With quantized P a piece but the last also runs its keys through S alone first, about 0.3
+    // of a key tile's time each (the softmax's NVFP4 arithmetic, not S, bounds a tile).
+    const double keys_pass = quantize_p ? 0.3 : 0.0;
     double best = 1.0 - 0.02;
     for (int k = 2; k <= kern::kMaxForwardSplitPieces && key_tiles >= 8 * k; ++k) {
       const int64_t waves = (tail * k + slots - 1) / slots;
-      const double span = static_cast<double>(waves) * (1.0 / k + 6.0 / static_cast<double>(key_tiles));
+      const double span = static_cast<double>(waves) *
+                          ((1.0 + keys_pass) / k + 6.0 / static_cast<double>(key_tiles));
       if (span < best) best = span, pieces = k;
     }
   }
@@ -173,22 +178,25 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   P.q_tiles = static_cast<int32_t>(q_tiles);
   P.split_first = static_cast<int32_t>(tiles);
   P.split_pieces = 1;
-  P.split_partials = nullptr;
-  P.split_flags = nullptr;
+  P.split_partials = P.split_maxima = nullptr;
+  P.split_flags = P.split_max_flags = nullptr;
   const bool splits = split != nullptr && split->pieces > 1;
   const int64_t blocks = splits ? split->first + (tiles - split->first) * split->pieces : tiles;
   if (blocks > std::numeric_limits<int32_t>::max())
     fail(FVA_ERR_UNSUPPORTED, "q: {} query tiles of 128 rows exceed the native forward's grid", tiles);
   if (splits) {
-    if (split->tiles != tiles || split->partials == nullptr || split->flags == nullptr)
+    if (split->tiles != tiles || split->partials == nullptr || split->flags == nullptr ||
+        split->quantize_p != quantize_p || (quantize_p && split->maxima == nullptr))
       fail(FVA_ERR_INTERNAL, "the QAT forward's split plan does not match its launch");
     P.split_first = static_cast<int32_t>(split->first);
     P.split_pieces = split->pieces;
     P.split_partials = split->partials;
     P.split_flags = split->flags;
+    P.split_maxima = split->maxima;
+    P.split_max_flags = split->flags + split->flag_words();
     const Api& api = *cuda::api();
     const CUresult r = api.cuMemsetD32Async(reinterpret_cast<unsigned long long>(split->flags), 0,
-                                            split->flag_words(), stream);
+                                            2 * split->flag_words(), stream);
     if (r != CUDA_SUCCESS)
       fail(FVA_ERR_CUDA, "zeroing the QAT forward's split flags failed: {}", error_text(api, r));
   }
