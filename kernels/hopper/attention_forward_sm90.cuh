@@ -32,8 +32,8 @@
 // producer-less blocks per SM beat two warp-specialized ones.
 //
 // The grid is one-dimensional; the tiles of its last, partial wave may be split over their key
-// tiles, the pieces merging through the workspace (forward_split_sm90.cuh: +0.6% at S=32768 with
-// quantized P, +0.6% / +1.7% for plain attention, session 26).
+// tiles, the pieces merging through the workspace (forward_split_sm90.cuh: the kernel 1.3% faster at
+// S=32768 with quantized P, plain attention +0.6% / +1.7%, session 26).
 // Layout and instruction notes: sm90_primitives.cuh; the shared-memory ring and its producer:
 // query_stream_sm90.cuh (the query tiles are Q, one per consumer).
 #pragma once
