@@ -32,8 +32,8 @@
 // producer-less blocks per SM beat two warp-specialized ones.
 //
 // The grid is one-dimensional; the tiles of its last, partial wave may be split over their key
-// tiles, the pieces merging through the workspace (forward_split_sm90.cuh: the kernel 1.3% faster at
-// S=32768 with quantized P, plain attention +0.6% / +1.7%, session 26).
+// tiles, the pieces merging through the workspace (forward_split_sm90.cuh: the kernel 1.3%
+// faster at S=32768 with quantized P, plain attention +0.6% / +1.7%, session 26).
 // Layout and instruction notes: sm90_primitives.cuh; the shared-memory ring and its producer:
 // query_stream_sm90.cuh (the query tiles are Q, one per consumer).
 #pragma once
@@ -266,11 +266,12 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
 #pragma unroll
           for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) m_keys[r] = fmaxf(m_keys[r], fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+            for (int r = 0; r < 2; ++r)
+              m_keys[r] = fmaxf(m_keys[r], fmaxf(s[j][2 * r], s[j][2 * r + 1]));
           if (++stage == kStages) stage = 0, phase ^= 1;
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the quad's row max, scaled as the softmax scales its maxima
+        for (int r = 0; r < 2; ++r) {  // the quad's row max, scaled as the softmax scales maxima
           m_keys[r] = fmaxf(m_keys[r], __shfl_xor_sync(0xffffffffu, m_keys[r], 1));
           m_keys[r] = fmaxf(m_keys[r], __shfl_xor_sync(0xffffffffu, m_keys[r], 2));
           m_keys[r] = __fmul_rn(m_keys[r], p.scale_log2);
@@ -358,7 +359,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
   }
 
-  // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for them.
+  // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for
+  // them.
   const ForwardTile out(P, static_cast<int>(opaque(blockIdx.x)));
   if (out.pieces > 1) {  // a split tile: publish this piece's state, or merge the others'
     const ForwardPartials<D, kQuantizeP, kConsumers> partials(P, out.split, c);

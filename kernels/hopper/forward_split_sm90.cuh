@@ -132,8 +132,8 @@ struct ForwardPartials {
     __threadfence();
     named_barrier_sync(barrier, 128);
     if (tid == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(P.split_max_flags + max_slot(piece)),
-                   "r"(1u)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;\n"
+                   ::"l"(P.split_max_flags + max_slot(piece)), "r"(1u)
                    : "memory");
   }
   // The running max before `piece`'s keys: the maxima of pieces 0 .. piece - 1, waited for.
@@ -144,7 +144,8 @@ struct ForwardPartials {
     named_barrier_sync(barrier, 128);
     __threadfence();
     for (int j = 0; j < piece; ++j) {
-      const float2 x = __ldcg(reinterpret_cast<const float2*>(P.split_maxima) + max_slot(j) * 128 + tid);
+      const float2 x =
+          __ldcg(reinterpret_cast<const float2*>(P.split_maxima) + max_slot(j) * 128 + tid);
       m[0] = fmaxf(m[0], x.x);
       m[1] = fmaxf(m[1], x.y);
     }

@@ -106,7 +106,8 @@ struct QueryStreamLayout {
         mbar_wait(bar_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(bar_k(stage), kTileBytes);
         for (int r = 0; r < kRegions; ++r)
-          tma_load_4d(k_tile(stage) + r * kRegionBytes, k, bar_k(stage), 64 * r, sched.key0(tile), hk, b);
+          tma_load_4d(k_tile(stage) + r * kRegionBytes, k, bar_k(stage), 64 * r, sched.key0(tile),
+                      hk, b);
         mbar_arrive(bar_v(stage));
         if (++stage == kStages) stage = 0, phase ^= 1;
       }

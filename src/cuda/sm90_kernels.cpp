@@ -96,8 +96,8 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
 
 size_t Sm90ForwardSplit::partial_floats() const {
   if (pieces < 2) return 0;
-  return static_cast<size_t>(tiles - first) * static_cast<size_t>(pieces - 1) * kQatConsumers *
-         128 * static_cast<size_t>(kern::sm90_forward_partial_floats(static_cast<int>(D), quantize_p));
+  const int per_thread = kern::sm90_forward_partial_floats(static_cast<int>(D), quantize_p);
+  return flag_words() * 128 * static_cast<size_t>(per_thread);
 }
 size_t Sm90ForwardSplit::flag_words() const {
   return pieces < 2 ? 0 : static_cast<size_t>(tiles - first) * (pieces - 1) * kQatConsumers;
@@ -183,7 +183,8 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   const bool splits = split != nullptr && split->pieces > 1;
   const int64_t blocks = splits ? split->first + (tiles - split->first) * split->pieces : tiles;
   if (blocks > std::numeric_limits<int32_t>::max())
-    fail(FVA_ERR_UNSUPPORTED, "q: {} query tiles of 128 rows exceed the native forward's grid", tiles);
+    fail(FVA_ERR_UNSUPPORTED, "q: {} query tiles of 128 rows exceed the native forward's grid",
+         tiles);
   if (splits) {
     if (split->tiles != tiles || split->partials == nullptr || split->flags == nullptr ||
         split->quantize_p != quantize_p || (quantize_p && split->maxima == nullptr))
