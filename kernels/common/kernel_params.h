@@ -87,7 +87,7 @@ struct Sm90ForwardParams {
   // waits for them, merges them and writes the outputs (hopper/forward_split_sm90.cuh).
   int32_t q_tiles;
   int32_t split_first;   // the tiles' count when nothing is split
-  int32_t split_pieces;  // 1, or 2..kMaxForwardSplitPieces
+  int32_t split_pieces;  // 1, or 2..kMaxForwardSplitPieces (common/forward_split_plan.h)
   float* split_partials;  // sm90_forward_partial_floats per thread and consumer, per piece
   uint32_t* split_flags;  // one per (split tile, piece but the last, consumer)
   // Quantized P: a piece but the last first publishes its keys' row maxima (2 floats per consumer
@@ -202,7 +202,6 @@ constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
 // The QAT forward's tail split (Sm90ForwardParams): a piece's running state per consumer thread
 // (o when P is quantized, o_hp with the rows' sums, the rows' reference maxima), in floats rounded
 // up to whole 16-byte vectors; a consumer warpgroup's is 128 times that.
-constexpr int kMaxForwardSplitPieces = 8;
 constexpr int sm90_forward_partial_floats(int D, bool quantize_p) {
   return ((quantize_p ? D / 2 : 0) + D / 2 + 4 + 2 + 3) / 4 * 4;
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "common/forward_split_plan.h"
 #include "kernel_images.h"
 #include "params.h"
 
@@ -129,35 +130,13 @@ Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t 
   s.quantize_p = quantize_p;
   s.tiles = static_cast<int64_t>(blocks_for(Sq, 64 * kQatConsumers)) * B * Hq;
   s.first = s.tiles;
+  const int forced = split_override();  // read (and checked) whenever a split may apply
+  if (causal) return s;
   // One block per SM (its 384 threads' registers fill one).
-  const int64_t slots = h.device.sm_count;
-  const int64_t key_tiles = (Skv + 63) / 64;
-  const int forced = split_override();
-  if (causal || slots <= 0 || forced == 0 || forced == 1) return s;
-  int64_t tail = s.tiles % slots;
-  if (s.tiles < slots) tail = s.tiles;
-  if (tail == 0 && forced > 1) tail = slots;
-  if (tail == 0) return s;
-  int pieces = 1;
-  if (forced > 1) {
-    pieces = static_cast<int>(std::min<int64_t>(forced, key_tiles));
-  } else {
-    // The last wave's length in tiles' time: unsplit 1; in `k` pieces, waves of pieces, each
-    // 1 / k of a tile plus its start (the ring's fill, Q's load, the merge), about 6 key tiles.
-    // With quantized P a piece but the last also runs its keys through S alone first, about 0.3
-    // of a key tile's time each (the softmax's NVFP4 arithmetic, not S, bounds a tile).
-    const double keys_pass = quantize_p ? 0.3 : 0.0;
-    double best = 1.0 - 0.02;
-    for (int k = 2; k <= kern::kMaxForwardSplitPieces && key_tiles >= 8 * k; ++k) {
-      const int64_t waves = (tail * k + slots - 1) / slots;
-      const double span = static_cast<double>(waves) *
-                          ((1.0 + keys_pass) / k + 6.0 / static_cast<double>(key_tiles));
-      if (span < best) best = span, pieces = k;
-    }
-  }
-  if (pieces < 2) return s;
-  s.first = s.tiles - tail;
-  s.pieces = pieces;
+  const kern::ForwardSplitPlan plan = kern::plan_forward_split(
+      s.tiles, h.device.sm_count, (Skv + 63) / 64, quantize_p, forced);
+  s.first = plan.first;
+  s.pieces = plan.pieces;
   return s;
 }
 

@@ -26,15 +26,12 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
 // every (b, q head)), the first one split, and into how many pieces over the key tiles. The
 // workspace holds the pieces' states and flags (sizes below; the size query and the call plan
 // alike, and a call whose forward does not run natively leaves them unused).
-// Planned when the native forward may run the call and it is not causal: the tiles past the
-// last full wave of one block per SM (all of them when they fill less than one wave) are split
-// into the number of pieces, 2 to kern::kMaxForwardSplitPieces, that gives the shortest last wave
-// by a model (waves of pieces, each piece 1 / pieces of a tile, with quantized P 1.3 / pieces for
-// its keys' maxima first, plus the start of about 6 key tiles), at least 8 key tiles a piece;
-// nothing when no split shortens it by 2% of a tile. FVATTN_QAT_SPLIT overrides the plan (under
-// the same conditions) for tests and A/B runs: 0 (or 1) splits nothing, N >= 2 splits the tail
-// into min(N, key tiles, kMaxForwardSplitPieces) pieces (the last wave's tiles; every tile when
-// they fill less than one).
+// Planned when the native forward may run the call and it is not causal, by
+// kern::plan_forward_split (common/forward_split_plan.h: the tail past the last full wave of one
+// block per SM, in the count of pieces its model of the last wave likes best, or none).
+// FVATTN_QAT_SPLIT overrides the plan (under the same conditions) for tests and A/B runs: 0 (or
+// 1) splits nothing, N >= 2 splits the tail into min(N, key tiles, 8) pieces (the last wave's
+// tiles; every tile when they fill less than one).
 struct Sm90ForwardSplit {
   int64_t tiles = 0;  // 0: no QAT forward on the native kernel is planned
   int64_t first = 0;  // tiles [first, tiles) are split; first == tiles: none

@@ -1,0 +1,58 @@
+// The plan of the sm_90a QAT forward's tail split (hopper/forward_split_sm90.cuh runs it): which
+// query tiles are split over their key tiles, and into how many pieces. Pure arithmetic on the
+// grid's shape, shared by the host (src/cuda/sm90_kernels.cpp) and a test that needs no GPU
+// (tests/test_forward_split_plan.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace fva::kern {
+
+constexpr int kMaxForwardSplitPieces = 8;
+
+struct ForwardSplitPlan {
+  int64_t first = 0;  // tiles [first, tiles) are split
+  int pieces = 1;     // 1: nothing is split (first == tiles)
+};
+
+// tiles: the grid's query tiles, one block each; slots: blocks resident at once (one per SM);
+// key_tiles: the 64-key tiles every row sees; quantize_p: a piece but the last first takes its
+// keys' maxima; forced: -1 plans, 0 or 1 splits nothing, N >= 2 splits the tail into N pieces
+// (clamped to key_tiles and kMaxForwardSplitPieces).
+// The tail is the tiles past the last full wave (all of them when they fill less than one; with
+// `forced` and a full last wave, that wave). The plan takes the count of pieces, 2 to
+// kMaxForwardSplitPieces with at least 8 key tiles a piece, that makes the last wave shortest by a
+// model: waves of pieces, each 1 / pieces of a tile (1.3 / pieces with quantized P: the maxima's
+// pass costs about 0.3 of a key tile's time per key tile, measured in session 26) plus its start
+// (the ring's fill, Q's load, the merge: about 6 key tiles); nothing unless that beats the
+// unsplit wave (1 tile) by 2% of a tile.
+inline ForwardSplitPlan plan_forward_split(int64_t tiles, int64_t slots, int64_t key_tiles,
+                                           bool quantize_p, int forced) {
+  ForwardSplitPlan plan;
+  plan.first = tiles;
+  if (tiles <= 0 || slots <= 0 || key_tiles <= 0 || forced == 0 || forced == 1) return plan;
+  int64_t tail = tiles < slots ? tiles : tiles % slots;
+  if (tail == 0 && forced > 1) tail = slots;
+  if (tail == 0) return plan;
+  int pieces = 1;
+  if (forced > 1) {
+    pieces = static_cast<int>(
+        std::min<int64_t>(std::min(forced, kMaxForwardSplitPieces), key_tiles));
+  } else {
+    const double keys_pass = quantize_p ? 0.3 : 0.0;
+    double best = 1.0 - 0.02;
+    for (int k = 2; k <= kMaxForwardSplitPieces && key_tiles >= 8 * k; ++k) {
+      const int64_t waves = (tail * k + slots - 1) / slots;
+      const double span = static_cast<double>(waves) *
+                          ((1.0 + keys_pass) / k + 6.0 / static_cast<double>(key_tiles));
+      if (span < best) best = span, pieces = k;
+    }
+  }
+  if (pieces < 2) return plan;
+  plan.first = tiles - tail;
+  plan.pieces = pieces;
+  return plan;
+}
+
+}  // namespace fva::kern

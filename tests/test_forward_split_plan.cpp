@@ -1,0 +1,76 @@
+// The plan of the sm_90a QAT forward's tail split (kernels/common/forward_split_plan.h), without a
+// GPU: the shapes of issue 5 on the H200 (132 SMs, B = 1, H = 8: 1024 query tiles of 128 rows at
+// S = 16384, 2048 at 32768), the forced counts, and over many shapes what every plan must hold
+// (the kernel hangs on an empty piece: a piece needs at least one key tile).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+
+#include "common/forward_split_plan.h"
+
+using fva::kern::ForwardSplitPlan;
+using fva::kern::kMaxForwardSplitPieces;
+using fva::kern::plan_forward_split;
+
+TEST_CASE("the QAT forward's tail split plan at issue 5's shapes on the H200") {
+  // S = 16384: 100 tiles in the last wave. Quantized P's maxima pass makes any split longer than
+  // the unsplit wave; plain attention takes 5 pieces (500 in 4 waves of a fifth of a tile).
+  CHECK(plan_forward_split(1024, 132, 256, true, -1).pieces == 1);
+  const ForwardSplitPlan plain16 = plan_forward_split(1024, 132, 256, false, -1);
+  CHECK(plain16.pieces == 5);
+  CHECK(plain16.first == 924);
+  // S = 32768: 68 tiles in the last wave, 7 pieces either way.
+  const ForwardSplitPlan q32 = plan_forward_split(2048, 132, 512, true, -1);
+  CHECK(q32.pieces == 7);
+  CHECK(q32.first == 1980);
+  CHECK(plan_forward_split(2048, 132, 512, false, -1).pieces == 7);
+}
+
+TEST_CASE("the tail split plan: full waves, few keys, less than a wave, forced counts") {
+  CHECK(plan_forward_split(264, 132, 512, true, -1).pieces == 1);  // a full last wave
+  CHECK(plan_forward_split(100, 132, 15, false, -1).pieces == 1);  // < 16 key tiles: 8 per piece
+  const ForwardSplitPlan small = plan_forward_split(16, 132, 16, false, -1);  // every tile
+  CHECK(small.pieces == 2);
+  CHECK(small.first == 0);
+  // Forced: clamped to the key tiles and to kMaxForwardSplitPieces; a full last wave splits.
+  CHECK(plan_forward_split(16, 132, 5, true, 8).pieces == 5);
+  CHECK(plan_forward_split(16, 132, 500, true, 100).pieces == kMaxForwardSplitPieces);
+  const ForwardSplitPlan full = plan_forward_split(264, 132, 100, true, 3);
+  CHECK(full.pieces == 3);
+  CHECK(full.first == 132);
+  for (int off : {0, 1}) {
+    const ForwardSplitPlan none = plan_forward_split(1000, 132, 100, true, off);
+    CHECK(none.pieces == 1);
+    CHECK(none.first == 1000);
+  }
+  CHECK(plan_forward_split(0, 132, 100, true, 3).pieces == 1);
+  CHECK(plan_forward_split(10, 0, 100, true, 3).pieces == 1);
+}
+
+TEST_CASE("every tail split plan keeps its pieces non-empty and within the last wave") {
+  int64_t splits = 0;
+  for (int64_t slots : {66, 114, 132})
+    for (int64_t tiles = 1; tiles <= 700; tiles += 3)
+      for (int64_t keys = 1; keys <= 600; keys += 7)
+        for (bool q : {false, true})
+          for (int forced : {-1, 2, 3, 8}) {
+            const ForwardSplitPlan p = plan_forward_split(tiles, slots, keys, q, forced);
+            CAPTURE(slots);
+            CAPTURE(tiles);
+            CAPTURE(keys);
+            CAPTURE(forced);
+            REQUIRE(p.pieces >= 1);
+            REQUIRE(p.pieces <= kMaxForwardSplitPieces);
+            if (p.pieces == 1) {
+              REQUIRE(p.first == tiles);
+              continue;
+            }
+            ++splits;
+            REQUIRE(p.pieces <= keys);               // no empty piece
+            REQUIRE(p.first >= 0);
+            REQUIRE(p.first < tiles);
+            REQUIRE(tiles - p.first <= slots);       // at most one wave split
+            if (forced < 0) REQUIRE(keys >= 8 * p.pieces);
+          }
+  CHECK(splits > 0);
+}
