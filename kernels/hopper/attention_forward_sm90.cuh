@@ -271,11 +271,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
           if (++stage == kStages) stage = 0, phase ^= 1;
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the quad's row max, scaled as the softmax scales maxima
-          m_keys[r] = fmaxf(m_keys[r], __shfl_xor_sync(0xffffffffu, m_keys[r], 1));
-          m_keys[r] = fmaxf(m_keys[r], __shfl_xor_sync(0xffffffffu, m_keys[r], 2));
-          m_keys[r] = __fmul_rn(m_keys[r], p.scale_log2);
-        }
+        for (int r = 0; r < 2; ++r)  // the quad's row max, scaled as the softmax scales maxima
+          m_keys[r] = __fmul_rn(quad_max(m_keys[r]), p.scale_log2);
         partials.publish_max(P, work.piece, tid, split_barrier, m_keys);
       }
       if (work.piece > 0) partials.earlier_max(P, work.piece, tid, split_barrier, m_run);

@@ -108,16 +108,26 @@ size_t Sm90ForwardSplit::maxima_floats() const {
 }
 
 namespace {
+// The environment variable `name` as a whole number, or `fallback` when it is unset or empty;
+// anything but a number from 0 to `max` is FVA_ERR_INVALID_ARGUMENT ("name='value': expected ...").
+int64_t env_whole_number(const char* name, int64_t fallback, int64_t max, const char* expected) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (errno != 0 || end == env || *end != '\0' || v < 0 || v > max)
+    fail(FVA_ERR_INVALID_ARGUMENT, "{}='{}': expected {}", name, env, expected);
+  return v;
+}
+
 // FVATTN_QAT_SPLIT: -1 (unset or "auto": the plan), else the pieces asked for (0 and 1: none).
 int split_override() {
   const char* env = std::getenv("FVATTN_QAT_SPLIT");
-  if (env == nullptr || *env == '\0' || std::string(env) == "auto") return -1;
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(env, &end, 10);
-  if (errno != 0 || end == env || *end != '\0' || v < 0)
-    fail(FVA_ERR_INVALID_ARGUMENT, "FVATTN_QAT_SPLIT: '{}' is not auto or a count of pieces", env);
-  return static_cast<int>(std::min<long>(v, kern::kMaxForwardSplitPieces));
+  if (env != nullptr && std::string(env) == "auto") return -1;
+  const int64_t v = env_whole_number("FVATTN_QAT_SPLIT", -1, std::numeric_limits<int64_t>::max(),
+                                     "auto or a whole count of pieces");
+  return static_cast<int>(std::min<int64_t>(v, kern::kMaxForwardSplitPieces));
 }
 }  // namespace
 
@@ -155,10 +165,7 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   const int64_t q_tiles = blocks_for(a.Sq, 64 * kQatConsumers);
   const int64_t tiles = q_tiles * a.B * a.Hq;
   P.q_tiles = static_cast<int32_t>(q_tiles);
-  P.split_first = static_cast<int32_t>(tiles);
-  P.split_pieces = 1;
-  P.split_partials = P.split_maxima = nullptr;
-  P.split_flags = P.split_max_flags = nullptr;
+  P.split_first = static_cast<int32_t>(tiles);  // (the rest unsplit as sm90_forward_prepare left it)
   const bool splits = split != nullptr && split->pieces > 1;
   const int64_t blocks = splits ? split->first + (tiles - split->first) * split->pieces : tiles;
   if (blocks > std::numeric_limits<int32_t>::max())
@@ -261,18 +268,9 @@ namespace {
 // dense QAT; 1.1 GB per head for VSA at Wan-720p-like lengths (75k tokens, 10%).
 constexpr int64_t kDefaultDsBudgetMiB = 2048;
 int64_t ds_budget_bytes() {
-  int64_t mib = kDefaultDsBudgetMiB;
-  if (const char* env = std::getenv("FVATTN_DS_BUDGET_MIB"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(env, &end, 10);
-    if (errno != 0 || *end != '\0' || v < 0 || v > (int64_t{1} << 30))
-      fail(FVA_ERR_INVALID_ARGUMENT,
-           "FVATTN_DS_BUDGET_MIB='{}': expected a whole number of MiB from 0 (no stored dS) to 2^30",
-           env);
-    mib = v;
-  }
-  return mib << 20;
+  return env_whole_number("FVATTN_DS_BUDGET_MIB", kDefaultDsBudgetMiB, int64_t{1} << 30,
+                          "a whole number of MiB from 0 (no stored dS) to 2^30")
+         << 20;
 }
 
 }  // namespace
