@@ -91,6 +91,23 @@ struct ForwardPartials {
       __nanosleep(200);
     }
   }
+  // The consumer warpgroup, after its threads' stores of what `flag` announces: raises it (release,
+  // at the GPU's scope, once every thread's stores are fenced).
+  __device__ __forceinline__ static void raise_flag(uint32_t* flag, int tid, int barrier) {
+    __threadfence();  // each thread's stores before the flag, at the GPU's scope
+    named_barrier_sync(barrier, 128);
+    if (tid == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
+  }
+  // The consumer warpgroup: waits until `count` flags, `stride` words apart from `first`, are
+  // raised; then every thread may read what they announce.
+  __device__ __forceinline__ static void await_flags(const uint32_t* first, int count, int stride,
+                                                     int tid, int barrier) {
+    if (tid == 0)
+      for (int j = 0; j < count; ++j) wait_flag(first + j * stride);
+    named_barrier_sync(barrier, 128);
+    __threadfence();
+  }
   __device__ __forceinline__ float4* state(int piece) const {
     return states + static_cast<size_t>(piece) * kConsumers * kVectors * 128;
   }
@@ -117,10 +134,7 @@ struct ForwardPartials {
       __stcg(dst + v * 128, make_float4(at(4 * v, o, o_hp, m, pad), at(4 * v + 1, o, o_hp, m, pad),
                                         at(4 * v + 2, o, o_hp, m, pad),
                                         at(4 * v + 3, o, o_hp, m, pad)));
-    __threadfence();  // each thread's stores before the flag, at the GPU's scope
-    named_barrier_sync(barrier, 128);
-    if (tid == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag(piece)), "r"(1u) : "memory");
+    raise_flag(flag(piece), tid, barrier);
   }
 
   // Quantized P: this consumer's rows' maxima over `piece`'s keys (m: rows g and g + 8, the
@@ -129,20 +143,12 @@ struct ForwardPartials {
                                               int barrier, const float (&m)[2]) const {
     __stcg(reinterpret_cast<float2*>(P.split_maxima) + max_slot(piece) * 128 + tid,
            make_float2(m[0], m[1]));
-    __threadfence();
-    named_barrier_sync(barrier, 128);
-    if (tid == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], %1;\n"
-                   ::"l"(P.split_max_flags + max_slot(piece)), "r"(1u)
-                   : "memory");
+    raise_flag(P.split_max_flags + max_slot(piece), tid, barrier);
   }
   // The running max before `piece`'s keys: the maxima of pieces 0 .. piece - 1, waited for.
   __device__ __forceinline__ void earlier_max(const kern::Sm90ForwardParams& P, int piece, int tid,
                                               int barrier, float (&m)[2]) const {
-    if (tid == 0)
-      for (int j = 0; j < piece; ++j) wait_flag(P.split_max_flags + max_slot(j));
-    named_barrier_sync(barrier, 128);
-    __threadfence();
+    await_flags(P.split_max_flags + max_slot(0), piece, kConsumers, tid, barrier);
     for (int j = 0; j < piece; ++j) {
       const float2 x =
           __ldcg(reinterpret_cast<const float2*>(P.split_maxima) + max_slot(j) * 128 + tid);
@@ -155,9 +161,7 @@ struct ForwardPartials {
   __device__ __forceinline__ void merge(int piece, int tid, int barrier,
                                         float (&o)[kQuantizeP ? D / 2 : 1], float (&o_hp)[kHp],
                                         float (&m)[2]) const {
-    if (tid == 0) wait_flag(flag(piece));
-    named_barrier_sync(barrier, 128);
-    __threadfence();
+    await_flags(flag(piece), 1, 0, tid, barrier);
     const float4* src = state(piece) + tid;
     const float4 mv = __ldcg(src + kMVector * 128);
     const float m_in[2] = {mv.x, mv.y};
