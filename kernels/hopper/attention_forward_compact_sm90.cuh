@@ -18,7 +18,10 @@
 // loop's common path, 486 -> 539 TFLOPS at S=16384): the list comes from registers
 // (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a tile of ones), V's
 // descriptors from uniform registers, and each warp votes on its own rescale. At that rate the
-// K and V tiles stream from the L2 at 90-99% of its measured read bandwidth (docs/perf.md).
+// K and V tiles stream from the L2 at 90-99% of its measured read bandwidth (docs/perf.md), but
+// that is not the bound: two q blocks per block that load the kv blocks both list once read 10%
+// fewer bytes in the same time (session 27), with the tensor pipe 68-69% active in both, about
+// its rate for these shapes (S as m64n64k16 products, four m64n8k16 for the rows' sums).
 //
 // Why not the warp-specialized forward (attention_forward_sm90.cuh), as QAT: a VSA q block has its
 // own list, so two consumers cannot share K/V tiles, and a producer warpgroup per consumer left an
