@@ -212,10 +212,11 @@ constexpr int sm90_forward_partial_floats(int D, bool quantize_p) {
 constexpr int delta_rows_per_warp(int D) { return 32 / (D / 8); }
 
 // sm_90a compact kernels (one warpgroup per block, hopper/compact_tiles_sm90.cuh): `tiles` tiles
-// and three mbarriers, then (ones_tile) a 2048-byte tile of ones on the next 1024-byte boundary.
-// The VSA forward: Q, K, V and the ones (the B operand of its rows' sums); the VSA dQ: Q, dO, K, V.
-constexpr int sm90_compact_smem_bytes(int D, int tiles, bool ones_tile = false) {
-  return tiles * 64 * D * 2 + (ones_tile ? 1024 + 2048 : 3 * 8);
+// and three mbarriers, or (ones_region) `tiles` tiles and an 8 KiB region of ones that holds the
+// barriers. The VSA forward: Q, K, V and the ones (P·V's next 64 columns, its rows' sums): 56 KiB
+// at D = 128, four blocks in the SM's 228 KiB; the VSA dQ: Q, dO, K, V.
+constexpr int sm90_compact_smem_bytes(int D, int tiles, bool ones_region = false) {
+  return tiles * 64 * D * 2 + (ones_region ? 64 * 128 : 3 * 8);
 }
 
 

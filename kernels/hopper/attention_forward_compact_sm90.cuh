@@ -16,12 +16,13 @@
 // the warp schedulers interleave.
 // Per tile, a warp issues few instructions besides the softmax's (session 16: 377 -> 266 in the
 // loop's common path, 486 -> 539 TFLOPS at S=16384): the list comes from registers
-// (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a tile of ones), V's
+// (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a region of ones), V's
 // descriptors from uniform registers, and each warp votes on its own rescale. At that rate the
 // K and V tiles stream from the L2 at 90-99% of its measured read bandwidth (docs/perf.md), but
 // that is not the bound: two q blocks per block that load the kv blocks both list once read 10%
-// fewer bytes in the same time (session 27), with the tensor pipe 68-69% active in both, about
-// its rate for these shapes (S as m64n64k16 products, four m64n8k16 for the rows' sums).
+// fewer bytes in the same time (session 27), with the tensor pipe 68-69% active in both: the
+// products' shapes set the rate (S as m64n64k16 products; the rows' sums, once four m64n8k16
+// products of their own, now ride on P·V's).
 //
 // Why not the warp-specialized forward (attention_forward_sm90.cuh), as QAT: a VSA q block has its
 // own list, so two consumers cannot share K/V tiles, and a producer warpgroup per consumer left an
@@ -31,8 +32,9 @@
 // 496 at S=16384 and 32768: the hardware's block scheduler, which starts a q block wherever one
 // finishes, already balances the lists' different lengths at the grain of one q block.
 //
-// Shared memory: CompactTiles (compact_tiles_sm90.cuh) of three tiles, Q | K | V, and the ones;
-// the Q tile stages o for its TMA store at the end.
+// Shared memory: CompactTiles (compact_tiles_sm90.cuh) of three tiles, Q | K | V, and a region of
+// ones after V (holding the barriers in bytes no product reads); the Q tile stages o for its TMA
+// store at the end.
 #pragma once
 
 #include <math_constants.h>
@@ -74,7 +76,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  fill_ones_tile<T>(tiles.ones_tile());  // complete at setup's barrier
+  tiles.template fill_ones_region<T>();  // complete at setup's barrier
   const CompactBlock at(p);
   const int b = at.b, h = at.h, hk = at.hk, row0 = at.row0;
   tiles.setup([&] {
@@ -92,16 +94,18 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   // Warp 0 alone issues the loads (its lane 0): a warp-uniform branch the other warps skip.
   const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;
 
-  float o[D / 2];
+  // o, then the rows' sums l by the tensor cores, as in the QAT forward: P·V is one m64n(D+8)k16
+  // product per k16 step against V and the region of ones after it (CompactTiles), so its last n8
+  // block (o[D / 2 .. D / 2 + 3]) holds each row's sum of P and is rescaled with o. It sums
+  // bf16(p), the operand P·V reads, and takes 32 adds and the quad's shuffles per tile off the
+  // ALUs. (Until session 27 the sums were four m64n8k16 products beside P·V, against a separate
+  // tile of ones: an n8 product costs the tensor pipe far more than its 8 columns.)
+  constexpr int kAcc = D / 2 + 4;
+  float o[kAcc];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) o[i] = 0.0f;
   fence_registers(o);  // distinct registers (see fence_registers)
   float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  // The rows' sums l by the tensor cores, as in the QAT forward: l_acc += P·ones (m64n8k16 beside
-  // each P·V step; every column holds its row's sum), rescaled with o. It sums bf16(p), the
-  // operand P·V reads, and takes 32 adds and the quad's shuffles per tile off the ALUs.
-  float l_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint64_t ones_desc = smem_descriptor(tiles.ones_tile(), L::kRegionBytes, 1024);
   float s[8][4];
   float(&s_flat)[32] = reinterpret_cast<float(&)[32]>(s);
   // P of the tile's 4 k16 steps as A operands of P·V, kept alive until the wait that covers P·V
@@ -136,7 +140,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
           if (j * 8 + 2 * t + (e & 1) >= n_valid) s[j][e] = Schedule::kMaskedLogit;
     }
     float alpha[2];
-    float l_unused[2] = {0.0f, 0.0f};  // kSumRows = false: l_acc holds the sums
+    float l_unused[2] = {0.0f, 0.0f};  // kSumRows = false: o's last n8 block holds the sums
     online_softmax_step<T, kNT, /*kQuantizeP=*/false, /*kSumRows=*/false, /*kLazyRescale=*/true>(
         s, m, l_unused, alpha, p.scale_log2, a_hp, a_none, BlockScalesOnly{});
     // Skipped when no row of the warp moved its reference max (alpha exactly 1): with the lazy
@@ -144,11 +148,9 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     // complete: P·V was waited for), as the QAT forward does.
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
       fence_registers(o);
+      // Row g's elements are i with (i >> 1) & 1 == 0, the sums' block included (D / 2 % 4 == 0).
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
-      fence_registers(l_acc);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) l_acc[i] *= alpha[i >> 1];
+      for (int i = 0; i < kAcc; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
     FVA_VSA_FWD_TILE_TRACE(3, tile.index);
     mbar_wait</*kSuspend=*/false>(tiles.bar_v(), phase);
@@ -159,18 +161,15 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     // those registers are kept across every tile.)
     if (n_valid < 64)
       zero_tile_rows<L::kRegions>(opaque(v_tile), n_valid, static_cast<int>(opaque(tid)));
-    {  // o += P·V and l_acc += P·ones: the tile's 4 k16 steps (16 keys, 2048 bytes of V each)
+    {  // [o | l] += P·[V | ones]: the tile's 4 k16 steps (16 keys, 2048 bytes of V each)
       const uint64_t v_desc = smem_descriptor(v_tile, L::kRegionBytes, 1024);
       wgmma_fence();
 #pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        wgmma_rs_mn<T, D>(o, a_hp[step], smem_descriptor_advance(v_desc, step * 2048));
-        wgmma_rs_mn<T, 8>(l_acc, a_hp[step], ones_desc);
-      }
+      for (int step = 0; step < 4; ++step)
+        wgmma_rs_mn<T, D + 8>(o, a_hp[step], smem_descriptor_advance(v_desc, step * 2048));
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(o);
-      fence_registers(l_acc);
       keep_operands_alive(a_hp);
     }
     warpgroup_sync();
@@ -182,7 +181,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   }
 
   FVA_VSA_FWD_TRACE(2);
-  const float l[2] = {l_acc[0], l_acc[2]};  // rows g and g + 8 (every column holds the sum)
+  const float l[2] = {o[D / 2], o[D / 2 + 2]};  // rows g and g + 8 (every column holds the sum)
   // Where the rows go, from fresh reads of the block's index (opaque): the mainloop then keeps no
   // register for them (session 18: +0.7-0.9% at S = 16384 and 32768).
   const CompactBlock out(p, opaque(blockIdx.x), opaque(blockIdx.y));

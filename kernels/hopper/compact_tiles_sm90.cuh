@@ -1,9 +1,11 @@
 // Shared memory of the compact sm_90a kernels (one warpgroup per block, no producer warpgroup,
 // several blocks per SM: the VSA forward and the dQ kernel of both backwards): kTiles tiles of 64
 // rows x D, each D / 64 swizzled 64-column regions of 8 KiB (1024-byte aligned), then three
-// mbarriers: the query-side tiles (loaded once), K, V, and (kOnesTile, the VSA forward) a tile of
-// ones. Thread 0 issues every load; each barrier completes once per load, so the K and V
-// barriers' parity flips once per listed key tile.
+// mbarriers: the query-side tiles (loaded once), K, V. With kOnesRegion (the VSA forward) an 8 KiB
+// region of ones follows the last tile (V), read as the next 64-column region of P·V's B operand
+// (N = D + 8), and the barriers live in bytes of it no product reads. Thread 0 issues every load;
+// each barrier completes once per load, so the K and V barriers' parity flips once per listed key
+// tile.
 #pragma once
 
 #include "common/kernel_params.h"
@@ -26,26 +28,41 @@ struct CompactBlock {
         row0(static_cast<int>(gridDim.x - 1 - x) * 64) {}
 };
 
-template <int D, int kTiles, bool kOnesTile = false>
+template <int D, int kTiles, bool kOnesRegion = false>
 struct CompactTiles {
   static constexpr int kRegionBytes = 64 * 128;
   static constexpr int kRegions = D / 64;
   static constexpr int kTileBytes = kRegions * kRegionBytes;
-  static_assert(kern::sm90_compact_smem_bytes(D, kTiles, kOnesTile) ==
-                    kTiles * kTileBytes + (kOnesTile ? 1024 + 2048 : 3 * 8),
+  static_assert(kern::sm90_compact_smem_bytes(D, kTiles, kOnesRegion) ==
+                    kTiles * kTileBytes + (kOnesRegion ? kRegionBytes : 3 * 8),
                 "host and device disagree on the shared-memory layout");
 
   uint32_t base;  // the block's dynamic shared memory (1024-byte aligned)
 
   __device__ __forceinline__ uint32_t tile(int i) const { return base + i * kTileBytes; }
-  // kOnesTile: 2048 bytes of ones past the barriers, 1024-byte aligned for the 128-byte swizzle.
-  __device__ __forceinline__ uint32_t ones_tile() const {
-    static_assert(kOnesTile, "a layout without a tile of ones");
-    return base + kTiles * kTileBytes + 1024;
+  // kOnesRegion: the region after the last tile. A product of N = D + 8 reads, of its 64 rows of
+  // 128 bytes, the 16-byte chunk that holds columns 0-7 under the 128-byte swizzle (row r: chunk
+  // r % 8); those chunks hold ones, and row 0's chunks 1-7 hold the barriers.
+  __device__ __forceinline__ uint32_t ones_region() const {
+    static_assert(kOnesRegion, "a layout without a region of ones");
+    return base + kTiles * kTileBytes;
   }
-  __device__ __forceinline__ uint32_t bar_query() const { return base + kTiles * kTileBytes; }
+  __device__ __forceinline__ uint32_t bar_query() const {
+    return base + kTiles * kTileBytes + (kOnesRegion ? 16 : 0);
+  }
   __device__ __forceinline__ uint32_t bar_k() const { return bar_query() + 8; }
   __device__ __forceinline__ uint32_t bar_v() const { return bar_query() + 16; }
+
+  // kOnesRegion: the ones (T's 1.0) that products read, by threads 0..63 (16 bytes each; the
+  // others do nothing), fenced for the tensor cores; complete at the block's next barrier. They
+  // do not touch row 0's other chunks, so the barriers may be initialized at the same time.
+  template <typename T>
+  __device__ __forceinline__ void fill_ones_region() const {
+    const int r = static_cast<int>(threadIdx.x);
+    if (r >= 64) return;
+    store_ones16<T>(ones_region() + 128 * r + 16 * (r % 8));
+    fence_proxy_async();
+  }
 
   // Thread 0, before the block's first __syncthreads.
   __device__ __forceinline__ void init_barriers() const {
