@@ -245,7 +245,8 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_bmn(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 
 // The instances (operand lists written out: inline PTX has no variadic register lists).
-// N = 8: the QAT forward's row sums, P against a tile of ones.
+// N = 8: row sums as a product of their own, P against a tile of ones. No kernel issues it since
+// session 27 (the forwards' sums ride on P·V's N = D + 8); tools/device/pv_width_probe.cu prices it.
 template <>
 __device__ __forceinline__ void wgmma_rs_mn<Bf16, 8>(float (&d)[4], const uint32_t (&a)[4],
                                                    uint64_t b_desc) {
@@ -561,9 +562,8 @@ __device__ __forceinline__ void store_ones16(uint32_t addr) {
 }
 
 // A 2048-byte tile of 16-bit ones at `tile`, written by threads 0..127 (16 bytes each; the others
-// do nothing) and fenced for the tensor cores, which read it as the B operand of row sums (the VSA
-// forward's l = P·ones, the fused backward's rowsum(dS) = dS·ones). The caller's next block-wide
-// barrier makes it complete.
+// do nothing) and fenced for the tensor cores, which read it as the B operand of row sums (the
+// fused backward's rowsum(dS) = dS·ones). The caller's next block-wide barrier makes it complete.
 template <typename T>
 __device__ __forceinline__ void fill_ones_tile(uint32_t tile) {
   if (threadIdx.x >= 128) return;

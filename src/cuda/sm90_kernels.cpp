@@ -65,8 +65,9 @@ Launch query_tile_launch(const kern::AttentionParams& a, int64_t q_units, size_t
   l.smem = smem;
   return l;
 }
-// A compact kernel over every (b, q head), `tiles` tiles of shared memory (and a tile of ones).
-Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles, bool ones_region = false) {
+// A compact kernel over every (b, q head), `tiles` tiles of shared memory (and a region of ones).
+Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles,
+                      bool ones_region = false) {
   return query_tile_launch(
       a, static_cast<int64_t>(a.B) * a.Hq,
       static_cast<size_t>(kern::sm90_compact_smem_bytes(static_cast<int>(D), tiles, ones_region)));
@@ -156,7 +157,8 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   const kern::AttentionParams& a = params.a;
   if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: Q, K, V tiles
     const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
-    launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3, /*ones_region=*/true), stream, params);
+    launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3, /*ones_region=*/true), stream,
+           params);
     return;
   }
   // attention_forward_sm90.cuh: a block per 64 x kQatConsumers query rows of every (b, q head), a
