@@ -204,18 +204,20 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
   const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {B, H, nb});
   const fva_tensor_t ts = contiguous(dsizes.get(), FVA_DTYPE_I32, {nb});
   const fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
-  size_t vb = 0;
+  size_t vb = 0, vfb = 0;  // one workspace serves the forward and the backward
   {
     const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
+    fva_check(fva_vsa_forward_workspace_size(h, &vcfg, &q, &k, &v, &ti, &vfb), "vsa workspace");
     fva_check(fva_vsa_backward_workspace_size(h, &vcfg, &q, &k, &v, &ti, &vb), "vsa workspace");
   }
+  vb = std::max(vb, vfb);
   DeviceArray vws(vb);
   const double sparse = 4.0 * B * H * D * 64.0 * 64.0 * static_cast<double>(nb * topk);
   const double density = static_cast<double>(topk) / static_cast<double>(nb);
   auto vsa_fwd = [&](int i) {
     const AttnSet& s = a[static_cast<size_t>(i % sets)];
     const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), l = t3(s.lse);
-    fva_check(fva_vsa_forward(h, &vcfg, &q, &k, &v, &ti, &tn, &ts, &oo, &l, nullptr, 0, stream),
+    fva_check(fva_vsa_forward(h, &vcfg, &q, &k, &v, &ti, &tn, &ts, &oo, &l, vws.get(), vb, stream),
               "fva_vsa_forward");
   };
   fmt::print(stderr,

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fvattn/fvattn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -171,13 +172,16 @@ int demo_gpu(fva_handle_t h, int64_t H, int64_t S, uint64_t seed, int runs) {
   const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {1, H, nb});
   const fva_tensor_t ts = contiguous(dsz.get(), FVA_DTYPE_I32, {nb});
   const fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
-  size_t vb = 0;
+  size_t vb = 0, vfb = 0;  // one workspace serves the forward and the backward
+  fva_check(fva_vsa_forward_workspace_size(h, &vcfg, &tq, &tk, &tv, &ti, &vfb), "workspace");
   fva_check(fva_vsa_backward_workspace_size(h, &vcfg, &tq, &tk, &tv, &ti, &vb), "workspace");
+  vb = std::max(vb, vfb);
   DeviceArray vws(vb);
   const double sparse = 4.0 * H * D * 64.0 * 64.0 * static_cast<double>(nb * topk);
   fmt::print(stderr, "demo: VSA forward and backward on the GPU ...\n");
   ms = median_ms(stream, 1, runs, [&](int) {
-    fva_check(fva_vsa_forward(h, &vcfg, &tq, &tk, &tv, &ti, &tn, &ts, &to, &tl, nullptr, 0, stream), "fva_vsa_forward");
+    fva_check(fva_vsa_forward(h, &vcfg, &tq, &tk, &tv, &ti, &tn, &ts, &to, &tl, vws.get(), vb, stream),
+              "fva_vsa_forward");
   });
   times.push_back({"vsa forward", ms, sparse / (ms * 1e9)});
   ms = median_ms(stream, 1, runs, [&](int) {

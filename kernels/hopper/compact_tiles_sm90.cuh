@@ -53,14 +53,15 @@ struct CompactTiles {
   __device__ __forceinline__ uint32_t bar_k() const { return bar_query() + 8; }
   __device__ __forceinline__ uint32_t bar_v() const { return bar_query() + 16; }
 
-  // kOnesRegion: the ones (T's 1.0) that products read, by threads 0..63 (16 bytes each; the
-  // others do nothing), fenced for the tensor cores; complete at the block's next barrier. They
-  // do not touch row 0's other chunks, so the barriers may be initialized at the same time.
+  // kOnesRegion: the ones (T's 1.0) that products read (store_ones_row), by threads 0..63 (a row
+  // each; the others do nothing), fenced for the tensor cores; complete at the block's next
+  // barrier. They do not touch row 0's other chunks, so the barriers may be initialized at the
+  // same time.
   template <typename T>
   __device__ __forceinline__ void fill_ones_region() const {
     const int r = static_cast<int>(threadIdx.x);
     if (r >= 64) return;
-    store_ones16<T>(ones_region() + 128 * r + 16 * (r % 8));
+    store_ones_row<T>(ones_region(), r);
     fence_proxy_async();
   }
 

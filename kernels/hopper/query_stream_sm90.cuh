@@ -57,14 +57,12 @@ struct QueryStreamLayout {
   __device__ __forceinline__ uint32_t bar_empty(int s) const {
     return bar_query() + 8 * (1 + 2 * kStages + s);
   }
-  // Every stage's region of ones (T's 1.0), written by the block's threads before its first
-  // __syncthreads and fenced for the tensor cores.
+  // Every stage's region of ones (T's 1.0: the chunks P·[V | ones] reads, store_ones_row), written
+  // by the block's threads before its first __syncthreads and fenced for the tensor cores.
   template <typename T>
   __device__ __forceinline__ void fill_ones() const {
-    for (int i = threadIdx.x; i < kStages * kRegionBytes / 16; i += blockDim.x) {
-      const int s = i / (kRegionBytes / 16), at = i % (kRegionBytes / 16);
-      store_ones16<T>(v_tile(s) + kTileBytes + 16 * at);
-    }
+    for (int i = threadIdx.x; i < kStages * 64; i += blockDim.x)
+      store_ones_row<T>(v_tile(i / 64) + kTileBytes, i % 64);
     fence_proxy_async();
   }
 

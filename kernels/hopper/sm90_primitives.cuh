@@ -561,6 +561,15 @@ __device__ __forceinline__ void store_ones16(uint32_t addr) {
                : "memory");
 }
 
+// Row `row` (0..63) of a 64-column region of ones after V: P·[V | ones], an MN-major B operand of
+// N = D + 8 under the 128-byte swizzle, reads of each 128-byte row only columns 0-7, the 16-byte
+// chunk row % 8; this writes that chunk. (The QAT and VSA forwards' rows' sums; the region's other
+// chunks may hold anything: the VSA forward keeps its barriers in row 0's.)
+template <typename T>
+__device__ __forceinline__ void store_ones_row(uint32_t region, int row) {
+  store_ones16<T>(region + 128 * row + 16 * (row % 8));
+}
+
 // A 2048-byte tile of 16-bit ones at `tile`, written by threads 0..127 (16 bytes each; the others
 // do nothing) and fenced for the tensor cores, which read it as the B operand of row sums (the
 // fused backward's rowsum(dS) = dS·ones). The caller's next block-wide barrier makes it complete.

@@ -993,11 +993,13 @@ TEST_CASE("GPU results against FastVideo's golden outputs") {
     const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
     DeviceTensor dq_(q), dk_(k), dv_(v), di(idx), dn(num), ds(sizes), d_o(o), dl(lse), ddo(dout),
         gq(dq), gk(dk), gv(dv);
-    REQUIRE_OK(fva_vsa_forward(gpu.h, &cfg, dq_.t(), dk_.t(), dv_.t(), di.t(), dn.t(), ds.t(), d_o.t(),
-                               dl.t(), nullptr, 0, nullptr));
-    size_t bytes = 0;
+    size_t bytes = 0, fwd_bytes = 0;
+    REQUIRE_OK(fva_vsa_forward_workspace_size(gpu.h, &cfg, dq_.t(), dk_.t(), dv_.t(), di.t(), &fwd_bytes));
     REQUIRE_OK(fva_vsa_backward_workspace_size(gpu.h, &cfg, dq_.t(), dk_.t(), dv_.t(), di.t(), &bytes));
+    bytes = std::max(bytes, fwd_bytes);
     DeviceBuffer ws = device_workspace(bytes);
+    REQUIRE_OK(fva_vsa_forward(gpu.h, &cfg, dq_.t(), dk_.t(), dv_.t(), di.t(), dn.t(), ds.t(), d_o.t(),
+                               dl.t(), ws.data(), bytes, nullptr));
     REQUIRE_OK(fva_vsa_backward(gpu.h, &cfg, dq_.t(), dk_.t(), dv_.t(), d_o.t(), dl.t(), ddo.t(), di.t(),
                                 dn.t(), ds.t(), gq.t(), gk.t(), gv.t(), ws.data(), bytes, nullptr));
     d_o.download(o);
@@ -1110,13 +1112,15 @@ TEST_CASE("GPU backward is bitwise deterministic, and every op replays from a CU
   DeviceTensor a(vin.q), b(vin.k), cc(vin.v), d(vin.dout), e(vin.idx), f(vin.num), g(vin.sizes), ho(vo), hl(vl),
       hq(vdq), hk(vdk), hv(vdv), hk2q(k2q), hkn(kn), hfq(fq);
   const fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
-  size_t vb = 0, ib = 0;
+  size_t vb = 0, vfb = 0, ib = 0;
+  REQUIRE_OK(fva_vsa_forward_workspace_size(gpu.h, &vcfg, a.t(), b.t(), cc.t(), e.t(), &vfb));
   REQUIRE_OK(fva_vsa_backward_workspace_size(gpu.h, &vcfg, a.t(), b.t(), cc.t(), e.t(), &vb));
   REQUIRE_OK(fva_vsa_invert_indices_workspace_size(gpu.h, e.t(), hk2q.t(), &ib));
+  vb = std::max(vb, vfb);  // the forward's and the backward's, one after the other
   DeviceBuffer vws = device_workspace(vb), iws = device_workspace(ib);
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const fva_status_t v1 = fva_vsa_forward(gpu.h, &vcfg, a.t(), b.t(), cc.t(), e.t(), f.t(), g.t(), ho.t(),
-                                          hl.t(), nullptr, 0, stream);
+                                          hl.t(), vws.data(), vb, stream);
   const fva_status_t v2 = fva_vsa_backward(gpu.h, &vcfg, a.t(), b.t(), cc.t(), ho.t(), hl.t(), d.t(), e.t(),
                                            f.t(), g.t(), hq.t(), hk.t(), hv.t(), vws.data(), vb, stream);
   const fva_status_t v3 = fva_vsa_invert_indices(gpu.h, e.t(), f.t(), hk2q.t(), hkn.t(), iws.data(), ib, stream);
