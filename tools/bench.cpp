@@ -14,6 +14,7 @@
 #include <fvattn/fvattn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,7 +42,17 @@ struct BenchOptions {
   bool plain = false;            // --qat-preset plain: QAT's unquantized mode (plain attention)
   std::string json_path;
   bool sdpa = true;
+  // --settle: seconds the GPU idles before each op's warm-up (PyTorch's SDPA's too), so that every
+  // op starts from a rested card instead of the power state the ops before it left (0: none).
+  double settle_s = 0.0;
 };
+
+// Lets the GPU idle for o.settle_s once the stream's work is done (nothing when 0).
+void settle(const BenchOptions& o, cudaStream_t stream) {
+  if (o.settle_s <= 0.0) return;
+  cuda_check(cudaStreamSynchronize(stream), "settle");
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.settle_s));
+}
 
 struct Result {
   std::string op;
@@ -146,6 +158,7 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
                  cudaStream_t stream, ClockSampler& clocks, std::vector<Result>& out) {
   ClockStats seen;
   auto timed = [&](const std::function<void(int)>& fn) {
+    settle(o, stream);
     return median_ms(stream, o.warmup, o.iters, fn, 4000.0, &clocks, &seen);
   };
   const int64_t B = o.B, H = o.H, D = o.D;
@@ -251,6 +264,7 @@ std::vector<Result> run_sdpa(const BenchOptions& o, ClockSampler& clocks) {
   const std::string script = env ? env : FVATTN_SOURCE_DIR "/tools/bench_sdpa.py";
   std::string cmd = fmt::format("python3 {} {} {} {}", script, o.B, o.H, o.D);
   for (int64_t s : o.seqs) cmd += fmt::format(" {}", s);
+  if (o.settle_s > 0.0) cmd += fmt::format(" --settle {}", o.settle_s);
   cmd += " 2>&1";
   fmt::print(stderr, "bench: PyTorch SDPA ({}) ...\n", cmd);
   FILE* p = popen(cmd.c_str(), "r");
@@ -335,6 +349,7 @@ int cmd_bench(int argc, char** argv) {
           "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
           "                    [--kernels auto|portable|both] [--deterministic]\n"
           "                    [--lists random|local] [--ops qat,vsa] [--qat-preset production|plain]\n"
+          "                    [--settle 0]\n"
           "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
           "             portable kernels' rows marked '/portable'\n"
           "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
@@ -345,7 +360,10 @@ int cmd_bench(int argc, char** argv) {
           "  --ops: which of the library's ops run: qat, vsa or both (the default); PyTorch's\n"
           "             SDPA runs unless --no-sdpa\n"
           "  --qat-preset: the QAT ops' configuration: production (FastVideo's preset, the\n"
-          "             default; rows qat_*) or plain (quantize = 0: plain attention; rows plain_*)\n");
+          "             default; rows qat_*) or plain (quantize = 0: plain attention; rows plain_*)\n"
+          "  --settle: seconds the GPU idles before each op (SDPA's too), so that each starts\n"
+          "             from a rested card, not in the power state the ops before it left\n"
+          "             (the default, 0: the ops back to back, as a training step runs them)\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -354,6 +372,14 @@ int cmd_bench(int argc, char** argv) {
       (a == "--batch" ? o.B : a == "--heads" ? o.H : a == "--dim" ? o.D : one[0]) = one[0];
       if (a == "--iters") o.iters = static_cast<int>(one[0]);
       if (a == "--warmup") o.warmup = static_cast<int>(one[0]);
+    } else if (a == "--settle") {
+      char* end = nullptr;
+      const std::string v = next();
+      o.settle_s = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(o.settle_s >= 0.0) || o.settle_s > 600.0) {
+        fmt::print(stderr, "fvattn bench: --settle takes seconds from 0 to 600, not '{}'\n", v);
+        return 2;
+      }
     } else if (a == "--density") {
       o.density = std::atof(next().c_str());
     } else if (a == "--lists") {
@@ -446,9 +472,9 @@ int cmd_bench(int argc, char** argv) {
       return 1;
     }
     fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, "
-               "\"vsa_density\": {}, \"vsa_lists\": \"{}\", \"results\": [\n",
+               "\"vsa_density\": {}, \"vsa_lists\": \"{}\", \"settle_s\": {}, \"results\": [\n",
                info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic, o.density,
-               o.local_lists ? "local" : "random");
+               o.local_lists ? "local" : "random", o.settle_s);
     for (size_t i = 0; i < res.size(); ++i) {
       const Result& r = res[i];
       fmt::print(f,

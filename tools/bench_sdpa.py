@@ -4,14 +4,22 @@ object per shape on stdout: {"S": ..., "fwd_ms": ..., "bwd_ms": ..., "backend": 
 each timed loop (forward, then backward) the markers {"timing": "begin"} and {"timing": "end"}, at
 which `fvattn bench` starts and stops sampling the SM clock and power.
 
-usage: bench_sdpa.py B H D S [S ...]
+usage: bench_sdpa.py B H D S [S ...] [--settle SECONDS]
+(--settle: the GPU idles that long before each timed loop's warm-up, as `fvattn bench --settle`
+lets it before each of its ops.)
 """
 import json
 import sys
+import time
+
+SETTLE_S = 0.0
 
 
 def median_ms(fn, warmup, iters):
     import torch
+    if SETTLE_S > 0:
+        torch.cuda.synchronize()
+        time.sleep(SETTLE_S)
     for i in range(warmup):
         fn(i)
     torch.cuda.synchronize()
@@ -33,8 +41,14 @@ def main():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    B, H, D = (int(x) for x in sys.argv[1:4])
-    for S in (int(x) for x in sys.argv[4:]):
+    global SETTLE_S
+    args = sys.argv[1:]
+    if "--settle" in args:
+        i = args.index("--settle")
+        SETTLE_S = float(args[i + 1])
+        del args[i:i + 2]
+    B, H, D = (int(x) for x in args[:3])
+    for S in (int(x) for x in args[3:]):
         per_set = 4 * B * H * S * D * 2
         sets = max(1, min(4, -(-100 * 2**20 // per_set)))  # >= 100 MiB touched per rotation
         qs = [torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
