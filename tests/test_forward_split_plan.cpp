@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "common/forward_split_plan.h"
 
@@ -73,4 +74,71 @@ TEST_CASE("every tail split plan keeps its pieces non-empty and within the last 
             if (forced < 0) REQUIRE(keys >= 8 * p.pieces);
           }
   CHECK(splits > 0);
+}
+
+// Which tile and piece each block runs (forward_block_work), alone and in clusters of two: every
+// (tile, piece) exactly once; a tile's pieces at rising block indices (a later piece waits for
+// the earlier ones, which the hardware must have dispatched first); in clusters, the two blocks
+// of a cluster on the same piece of neighbouring tiles (their key tiles are the same, so they
+// share the loads) and in one (b, q head) when the heads' query tiles are even in count.
+TEST_CASE("the QAT forward's blocks: tiles and pieces, alone and in clusters of two") {
+  using fva::kern::forward_block_work;
+  using fva::kern::ForwardBlockWork;
+  // Alone: the split tiles' pieces are adjacent blocks (split u / pieces, piece u % pieces).
+  const ForwardBlockWork a = forward_block_work(10 + 7, 10, 3, 1);
+  CHECK(a.tile == 12);
+  CHECK(a.split == 2);
+  CHECK(a.piece == 1);
+  CHECK(a.pieces == 3);
+  // Pairs: piece 0 of split tiles 0 and 1, then piece 1 of both, ...
+  const int expect[6][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {1, 2}};
+  for (int u = 0; u < 6; ++u) {
+    const ForwardBlockWork w = forward_block_work(4 + u, 4, 3, 2);
+    CHECK(w.split == expect[u][0]);
+    CHECK(w.piece == expect[u][1]);
+    CHECK(w.tile == 4 + w.split);
+  }
+  int64_t checked = 0;
+  for (int cluster : {1, 2})
+    for (int q_tiles : {2, 4, 6, 128})
+      for (int heads : {1, 3, 8})
+        for (int pieces = 1; pieces <= kMaxForwardSplitPieces; ++pieces)
+          for (int tail : {0, 2, 6, 24, 68}) {
+            const int tiles = q_tiles * heads;
+            if (tail > tiles || (pieces == 1 && tail != 0)) continue;
+            const int first = tiles - tail, blocks = first + tail * pieces;
+            CAPTURE(cluster);
+            CAPTURE(q_tiles);
+            CAPTURE(heads);
+            CAPTURE(pieces);
+            CAPTURE(tail);
+            std::vector<int> seen(static_cast<size_t>(tiles) * pieces, -1);
+            for (int block = 0; block < blocks; ++block) {
+              const ForwardBlockWork w = forward_block_work(block, first, pieces, cluster);
+              REQUIRE(w.tile >= 0);
+              REQUIRE(w.tile < tiles);
+              REQUIRE(w.piece >= 0);
+              REQUIRE(w.piece < w.pieces);
+              REQUIRE(w.pieces == (block < first ? 1 : pieces));
+              if (block >= first) REQUIRE(w.split == w.tile - first);
+              int& slot = seen[static_cast<size_t>(w.tile) * pieces + w.piece];
+              REQUIRE(slot == -1);  // once
+              slot = block;
+              if (w.piece > 0) {  // the previous piece already seen, at a lower index
+                REQUIRE(seen[static_cast<size_t>(w.tile) * pieces + w.piece - 1] >= 0);
+              }
+              if (cluster == 2 && block % 2 == 1) {
+                const ForwardBlockWork partner = forward_block_work(block - 1, first, pieces, 2);
+                REQUIRE(partner.piece == w.piece);
+                REQUIRE(partner.pieces == w.pieces);
+                REQUIRE(partner.tile + 1 == w.tile);
+                REQUIRE(partner.tile / q_tiles == w.tile / q_tiles);  // one (b, q head)
+              }
+              ++checked;
+            }
+            for (int t = 0; t < tiles; ++t)
+              for (int j = 0; j < (t < first ? 1 : pieces); ++j)
+                REQUIRE(seen[static_cast<size_t>(t) * pieces + j] >= 0);  // every piece run
+          }
+  CHECK(checked > 0);
 }

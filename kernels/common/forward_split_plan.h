@@ -1,11 +1,14 @@
 // The plan of the sm_90a QAT forward's tail split (hopper/forward_split_sm90.cuh runs it): which
-// query tiles are split over their key tiles, and into how many pieces. Pure arithmetic on the
-// grid's shape, shared by the host (src/cuda/sm90_kernels.cpp) and a test that needs no GPU
+// query tiles are split over their key tiles, and into how many pieces; and which tile and piece
+// each block of its grid runs. Pure arithmetic on the grid's shape, shared by the host
+// (src/cuda/sm90_kernels.cpp), the kernel and a test that needs no GPU
 // (tests/test_forward_split_plan.cpp).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+
+#include "common/host_device.h"
 
 namespace fva::kern {
 
@@ -53,6 +56,37 @@ inline ForwardSplitPlan plan_forward_split(int64_t tiles, int64_t slots, int64_t
   plan.first = tiles - tail;
   plan.pieces = pieces;
   return plan;
+}
+
+// What block `block` of the QAT forward's one-dimensional grid runs. Blocks [0, split_first) run
+// tiles [0, split_first) whole. The blocks after them run the split tiles' pieces: per group of
+// `cluster` consecutive split tiles (1, or 2 when the grid runs in clusters of two blocks that
+// share their K/V loads, attention_forward_sm90.cuh), piece 0 of each, then piece 1 of each, ...
+// So the two blocks of a cluster (blocks 2i, 2i + 1: split_first is even then) always run the same
+// piece, over the same key tiles, of two neighbouring tiles; and a tile's earlier pieces have lower
+// block indices, which the hardware dispatches first (the split's waits rely on that). With
+// cluster = 1: split tile u / pieces, piece u % pieces.
+struct ForwardBlockWork {
+  int tile;           // (b, q head) * q_tiles + row tile
+  int piece, pieces;  // its share of the key tiles (pieces == 1: all of them)
+  int split;          // the tile's index among the split ones (pieces > 1)
+};
+FVA_HD ForwardBlockWork forward_block_work(int block, int split_first, int split_pieces,
+                                           int cluster) {
+  ForwardBlockWork w;
+  if (block < split_first) {
+    w.tile = block;
+    w.piece = w.split = 0;
+    w.pieces = 1;
+    return w;
+  }
+  const int u = block - split_first, group = split_pieces * cluster;
+  const int in_group = u % group;
+  w.pieces = split_pieces;
+  w.piece = in_group / cluster;
+  w.split = (u / group) * cluster + in_group % cluster;
+  w.tile = split_first + w.split;
+  return w;
 }
 
 }  // namespace fva::kern

@@ -86,6 +86,11 @@ struct Sm90ForwardParams {
   // split_partials and raises its flag in split_flags (zeroed before the launch); the last piece
   // waits for them, merges them and writes the outputs (hopper/forward_split_sm90.cuh).
   int32_t q_tiles;
+  // 1, or 2: the grid runs in clusters of two blocks, two neighbouring query tiles of one (b, q
+  // head) over the same key tiles, each block's producer loading half of every K/V stage (K, or
+  // V) into both blocks' rings by TMA multicast (hopper/attention_forward_sm90.cuh). The block
+  // order of the split tiles' pieces depends on it (common/forward_split_plan.h).
+  int32_t cluster;
   int32_t split_first;   // the tiles' count when nothing is split
   int32_t split_pieces;  // 1, or 2..kMaxForwardSplitPieces (common/forward_split_plan.h)
   float* split_partials;  // sm90_forward_partial_floats per thread and consumer, per piece

@@ -34,6 +34,12 @@
 // The grid is one-dimensional; the tiles of its last, partial wave may be split over their key
 // tiles, the pieces merging through the workspace (forward_split_sm90.cuh: the kernel 1.3%
 // faster at S=32768 with quantized P, plain attention +0.6% / +1.7%, session 26).
+// Where the host launches it in clusters of two (P.cluster: not causal, an even count of query
+// tiles per head), the two blocks run neighbouring query tiles of one head over the same key
+// tiles, and their producers split the loads, each multicasting half of every stage into both
+// rings (query_stream_sm90.cuh): FlashAttention-3's clusters for its non-causal D >= 128 forward.
+// The L2 then serves each K/V tile once per 256 query rows instead of per 128 (34 GB less L2
+// traffic per call at S=32768); the math is the same, bit for bit.
 // Layout and instruction notes: sm90_primitives.cuh; the shared-memory ring and its producer:
 // query_stream_sm90.cuh (the query tiles are Q, one per consumer).
 #pragma once
@@ -132,17 +138,32 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   if (work.pieces > 1) sched.restrict_to_piece(work.piece, work.pieces);
   // Quantized P: a piece but the last runs its keys through S alone first (forward_split_sm90.cuh).
   const bool keys_first = kQuantizeP && work.writes_partial();
+  // A cluster of two (P.cluster, the launch's): the blocks share their K/V loads
+  // (query_stream_sm90.cuh), so each stage's release goes to both blocks' barriers, and no block
+  // exits before its partner is done arriving on its barriers (the cluster barrier at the end).
+  const uint32_t cluster = cluster_blocks(), rank = cluster_rank();
+  if (cluster != static_cast<uint32_t>(P.cluster)) __trap();  // the grid's mapping assumes it
 
-  if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4);
+  if (threadIdx.x == 0) ring.init_barriers(kConsumers * 4 * static_cast<int>(cluster));
   ring.template fill_ones<T>();
-  __syncthreads();
+  if (cluster > 1) {  // the partner's barriers are initialized before anything arrives on them
+    cluster_arrive();
+    cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   if (warpgroup == 0) {
     // ---- producer ------------------------------------------------------------------------------
     setmaxnreg_dec<RegisterSplit<kConsumers>::kProducer>();
     if (threadIdx.x == 0) {
       const kern::TensorMap* const query[1] = {&P.q};
-      ring.template produce<kConsumers>(query, &P.k, &P.v, sched, q0, h, hk, b, keys_first);
+      ring.template produce<kConsumers>(query, &P.k, &P.v, sched, q0, h, hk, b, keys_first,
+                                        cluster, rank);
+    }
+    if (cluster > 1) {
+      cluster_arrive();
+      cluster_wait();
     }
     return;
   }
@@ -242,9 +263,11 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   mbar_wait(ring.bar_query(), 0);
   int stage = 0;
   uint32_t phase = 0;
+  // The stage's empty barrier of every block of the cluster, one lane each (in a cluster of one,
+  // lane 0's own).
   auto release = [&](int st) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(ring.bar_empty(st));
+    if (lane < static_cast<int>(cluster)) mbar_arrive_cluster(cluster_map(ring.bar_empty(st), lane));
   };
   // A split tile's piece, quantized P (forward_split_sm90.cuh): FQ_P's running max starts from
   // the max over every earlier key. A piece but the last first takes its own keys' maxima (S
@@ -261,6 +284,9 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
           issue_s(k_tile(stage));
           wgmma_wait<0>();
           fence_registers(s_flat);
+          // V's (empty) phase is complete before the stage is released: in a cluster the
+          // partner's next V multicast may land on this barrier as soon as both blocks release.
+          mbar_wait(ring.bar_v(stage), phase);
           release(stage);
           apply_mask(tile);
 #pragma unroll
@@ -355,6 +381,8 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     // into the loop's last wgmma pipeline stage and serialized it, C7515.)
     named_barrier_sync_if(c == 0, 1, 256);  // consumer 0 meets consumer 1's last pass
   }
+  // Every release is done: this block no longer touches its partner's shared memory.
+  if (cluster > 1) cluster_arrive();
 
   // (b, h) from a fresh read of the block's index (opaque): the mainloop keeps no register for
   // them.
@@ -363,6 +391,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     const ForwardPartials<D, kQuantizeP, kConsumers> partials(P, out.split, c);
     if (out.writes_partial()) {
       partials.publish(out.piece, tid, split_barrier, o, o_hp, m_ref);
+      if (cluster > 1) cluster_wait();
       return;
     }
     for (int j = 0; j + 1 < out.pieces; ++j) partials.merge(j, tid, split_barrier, o, o_hp, m_ref);
@@ -378,6 +407,7 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
     const float o_hp_unused[1] = {0.0f};
     store_forward_outputs<T, D, false>(p, b_out, h_out, row_base, t, pv, o_hp_unused, m_ref, l);
   }
+  if (cluster > 1) cluster_wait();  // the partner's last arrivals on this block's barriers
 }
 
 }  // namespace fva::dev::sm90

@@ -32,29 +32,17 @@
 
 #include <math_constants.h>
 
+#include "common/forward_split_plan.h"
 #include "common/kernel_params.h"
 #include "hopper/sm90_primitives.cuh"
 
 namespace fva::dev::sm90 {
 
-// Block `block` of the QAT forward's one-dimensional grid (Sm90ForwardParams's layout).
-struct ForwardTile {
-  int tile;          // (b, q head) * q_tiles + row tile
-  int piece, pieces;  // its share of the key tiles (pieces == 1: all of them)
-  int split;         // the tile's index among the split ones (pieces > 1)
-  __device__ __forceinline__ ForwardTile(const kern::Sm90ForwardParams& P, int block) {
-    if (block < P.split_first) {
-      tile = block;
-      piece = split = 0;
-      pieces = 1;
-    } else {
-      const int u = block - P.split_first;
-      pieces = P.split_pieces;
-      split = u / pieces;
-      piece = u - split * pieces;
-      tile = P.split_first + split;
-    }
-  }
+// Block `block` of the QAT forward's one-dimensional grid (common/forward_split_plan.h's mapping).
+struct ForwardTile : kern::ForwardBlockWork {
+  __device__ __forceinline__ ForwardTile(const kern::Sm90ForwardParams& P, int block)
+      : kern::ForwardBlockWork(
+            kern::forward_block_work(block, P.split_first, P.split_pieces, P.cluster)) {}
   __device__ __forceinline__ bool writes_partial() const { return piece + 1 < pieces; }
 };
 

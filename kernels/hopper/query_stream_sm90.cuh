@@ -8,6 +8,11 @@
 // with a tile = 64 rows x D in D / 64 swizzled 64-column regions (1024-byte aligned), and the
 // barriers: query (once), K full [kStages], V full [kStages], stage empty [kStages] (one arrival
 // per consumer warp). K and V have separate full barriers so the S product can start before V lands.
+// In a cluster of two blocks over the same key tiles (the QAT forward's pairs), each block's
+// producer loads half of every stage into both blocks' rings by TMA multicast (rank 0 K, rank 1
+// V), each block arms its own full barriers for the whole stage, and a stage is empty once the
+// consumer warps of both blocks have released it (each warp arrives on both blocks' barrier):
+// FlashAttention-3's clusters for its non-causal D >= 128 forward. The L2 is read once per pair.
 #pragma once
 
 #include "common/kernel_params.h"
@@ -66,7 +71,8 @@ struct QueryStreamLayout {
     fence_proxy_async();
   }
 
-  // Thread 0, before the block's first __syncthreads.
+  // Thread 0, before the block's first __syncthreads (or cluster barrier). consumer_warps: the
+  // arrivals that empty a stage (every consumer warp of the cluster's blocks).
   __device__ __forceinline__ void init_barriers(int consumer_warps) const {
     mbar_init(bar_query(), 1);
     for (int s = 0; s < kStages; ++s) {
@@ -81,12 +87,15 @@ struct QueryStreamLayout {
   // query tile i * kConsumers + c), then K and V of every tile the schedule lists, in its order.
   // keys_first (the QAT forward's split pieces, forward_split_sm90.cuh): before that, K alone of
   // every listed tile, each stage's V barrier completed by a plain arrival (no load), so the
-  // barriers' phases stay in step.
+  // barriers' phases stay in step. cluster (1 or 2) and rank: the block's cluster; with two, rank
+  // 0 loads K and rank 1 V, each into both blocks' rings, and each block arms its own barriers
+  // for the whole stage (a partner's bytes may land before the arming: the barrier's transaction
+  // count may run negative within a phase).
   template <int kConsumers, int kMaps, typename Schedule>
   __device__ __forceinline__ void produce(const kern::TensorMap* const (&maps)[kMaps],
                                           const kern::TensorMap* k, const kern::TensorMap* v,
                                           const Schedule& sched, int q0, int h, int hk, int b,
-                                          bool keys_first = false) const {
+                                          bool keys_first, uint32_t cluster, uint32_t rank) const {
     static_assert(kMaps * kConsumers == kQueryTiles, "one query tile per map and consumer");
     for (int i = 0; i < kMaps; ++i) tma_prefetch_descriptor(maps[i]);
     tma_prefetch_descriptor(k);
@@ -97,16 +106,26 @@ struct QueryStreamLayout {
         for (int r = 0; r < kRegions; ++r)
           tma_load_4d(query_tile(i * kConsumers + c) + r * kRegionBytes, maps[i], bar_query(),
                       64 * r, q0 + 64 * c, h, b);
+    const bool loads_k = rank == 0, loads_v = rank + 1 == cluster;
+    auto load = [&](uint32_t tile, const kern::TensorMap* map, uint32_t bar, int k0) {
+      for (int r = 0; r < kRegions; ++r) {
+        if (cluster == 1)
+          tma_load_4d(tile + r * kRegionBytes, map, bar, 64 * r, k0, hk, b);
+        else
+          tma_load_4d_multicast(tile + r * kRegionBytes, map, bar, 0x3, 64 * r, k0, hk, b);
+      }
+    };
     int stage = 0;
     uint32_t phase = 0;
     if (keys_first) {
       for (int tile = sched.first(); tile >= 0; tile = sched.next(tile)) {
         mbar_wait(bar_empty(stage), phase ^ 1);
-        mbar_arrive_expect_tx(bar_k(stage), kTileBytes);
-        for (int r = 0; r < kRegions; ++r)
-          tma_load_4d(k_tile(stage) + r * kRegionBytes, k, bar_k(stage), 64 * r, sched.key0(tile),
-                      hk, b);
+        // V's barrier first: its phase must be complete before the consumers (who wait for it,
+        // then release the stage) let a partner multicast the next V's bytes onto it, or those
+        // bytes would land in this phase (compute-sanitizer synccheck caught the other order).
         mbar_arrive(bar_v(stage));
+        mbar_arrive_expect_tx(bar_k(stage), kTileBytes);
+        if (loads_k) load(k_tile(stage), k, bar_k(stage), sched.key0(tile));
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
@@ -114,11 +133,9 @@ struct QueryStreamLayout {
       mbar_wait(bar_empty(stage), phase ^ 1);  // a fresh barrier's previous phase counts as done
       const int k0 = sched.key0(tile);
       mbar_arrive_expect_tx(bar_k(stage), kTileBytes);
-      for (int r = 0; r < kRegions; ++r)
-        tma_load_4d(k_tile(stage) + r * kRegionBytes, k, bar_k(stage), 64 * r, k0, hk, b);
+      if (loads_k) load(k_tile(stage), k, bar_k(stage), k0);
       mbar_arrive_expect_tx(bar_v(stage), kTileBytes);
-      for (int r = 0; r < kRegions; ++r)
-        tma_load_4d(v_tile(stage) + r * kRegionBytes, v, bar_v(stage), 64 * r, k0, hk, b);
+      if (loads_v) load(v_tile(stage), v, bar_v(stage), k0);
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
   }

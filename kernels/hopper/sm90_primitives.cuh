@@ -137,6 +137,57 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// ---- thread-block clusters (the QAT forward's pairs, attention_forward_sm90.cuh) ---------------
+// A kernel launched without a cluster runs in clusters of one: these then touch only the block's
+// own shared memory.
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_blocks() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+// Every thread of every block of the cluster arrives (releasing its earlier memory accesses, the
+// cluster's shared memory included), then waits for all (acquiring theirs). Split so that a block
+// can arrive when it last touches a partner's shared memory and wait just before it exits (no
+// block may exit while a partner can still write into its shared memory). Not .aligned: the
+// producer warpgroup's threads arrive after diverging.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// The address of this block's shared-memory location `addr` in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// One arrival on a barrier of any block of the cluster (cluster_map's address). As CUTLASS's
+// cluster barriers: the default release at the block's scope, the reads it orders having
+// completed before it (a wgmma wait).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+}
+// tma_load_4d into the same shared-memory offset of every block of the cluster in `cta_mask`, each
+// block's bytes completing a transaction on its own barrier at offset `bar` (which every block
+// arms itself). The L2 is read once.
+__device__ __forceinline__ void tma_load_4d_multicast(uint32_t dst, const void* tensor_map,
+                                                      uint32_t bar, uint16_t cta_mask, int c0,
+                                                      int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(bar), "h"(cta_mask), "r"(c0), "r"(c1),
+      "r"(c2), "r"(c3)
+      : "memory");
+}
+
 // ---- warp specialization ----------------------------------------------------------------------
 
 template <int kRegs>

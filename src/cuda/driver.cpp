@@ -65,6 +65,8 @@ Driver load() {
       !bind(lib, "cuTensorMapEncodeTiled", &a.cuTensorMapEncodeTiled, &d.why)) {
     return d;  // the library handle stays open: harmless, and dlclose of a driver is unsafe
   }
+  std::string optional_missing;
+  (void)bind(lib, "cuLaunchKernelEx", &a.cuLaunchKernelEx, &optional_missing);
   const CUresult r = a.cuInit(0);
   if (r != CUDA_SUCCESS) {
     d.why = fmt::format("cuInit failed: {}", error_text(a, r));

@@ -2,6 +2,7 @@
 // on machines without a driver. Only what the library uses is bound.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace fva::cuda {
@@ -18,6 +19,34 @@ using CUstream = void*;
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NO_BINARY_FOR_GPU = 209;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+
+// cuLaunchKernelEx's configuration (cuda.h's CUlaunchAttribute and CUlaunchConfig, same layout:
+// an attribute is its id, padded to 8 bytes, and a 64-byte union of values).
+struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    void* align;  // the union holds pointers: 8-byte aligned
+    struct {
+      unsigned x, y, z;
+    } cluster_dim;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+  } value;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8,
+              "cuda.h's CUlaunchAttribute layout");
+struct CUlaunchConfig {
+  unsigned grid_x, grid_y, grid_z;
+  unsigned block_x, block_y, block_z;
+  unsigned shared_bytes;
+  CUstream stream;
+  CUlaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(CUlaunchConfig) == 56 && offsetof(CUlaunchConfig, stream) == 32 &&
+                  offsetof(CUlaunchConfig, num_attrs) == 48,
+              "cuda.h's CUlaunchConfig layout");
 
 struct Api {
   CUresult (*cuInit)(unsigned int) = nullptr;
@@ -37,6 +66,9 @@ struct Api {
   CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice) = nullptr;
   CUresult (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**) = nullptr;
+  // Launches with attributes: the QAT forward's clusters of two blocks. Optional (null when the
+  // driver predates it, CUDA 12.0): the forward then runs without clusters.
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, void*, void**, void**) = nullptr;
   // cuMemsetD32Async(address, value, count of 32-bit words, stream): the fused backward's fp32 dQ
   // accumulator is zeroed with it.
   CUresult (*cuMemsetD32Async)(unsigned long long, unsigned int, size_t, CUstream) = nullptr;

@@ -163,11 +163,38 @@ void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, 
   const Api& a = checked_api();
   if (d.grid_x == 0 || d.grid_y == 0 || d.grid_z == 0) return;  // nothing to do
   void* args[] = {const_cast<void*>(params)};
-  const CUresult r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
-                                      static_cast<unsigned>(d.smem), stream, args, nullptr);
+  CUresult r = CUDA_SUCCESS;
+  if (d.cluster_x > 1) {
+    if (a.cuLaunchKernelEx == nullptr || d.grid_x % d.cluster_x != 0)
+      fail(FVA_ERR_INTERNAL, "launching {} in clusters of {}: {}", name, d.cluster_x,
+           a.cuLaunchKernelEx == nullptr ? "the driver has no cuLaunchKernelEx"
+                                         : "the grid is not a whole number of clusters");
+    CUlaunchAttribute cluster{};
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.cluster_dim = {d.cluster_x, 1, 1};
+    CUlaunchConfig config{};
+    config.grid_x = d.grid_x;
+    config.grid_y = d.grid_y;
+    config.grid_z = d.grid_z;
+    config.block_x = d.block;
+    config.block_y = config.block_z = 1;
+    config.shared_bytes = static_cast<unsigned>(d.smem);
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.num_attrs = 1;
+    r = a.cuLaunchKernelEx(&config, kernel, args, nullptr);
+  } else {
+    r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
+                         static_cast<unsigned>(d.smem), stream, args, nullptr);
+  }
   if (r != CUDA_SUCCESS)
-    fail(FVA_ERR_CUDA, "launching {} (grid {}x{}x{}, {} threads, {} bytes shared) failed: {}", name,
-         d.grid_x, d.grid_y, d.grid_z, d.block, d.smem, error_text(a, r));
+    fail(FVA_ERR_CUDA, "launching {} (grid {}x{}x{}, clusters of {}, {} threads, {} bytes shared) failed: {}",
+         name, d.grid_x, d.grid_y, d.grid_z, d.cluster_x, d.block, d.smem, error_text(a, r));
+}
+
+bool cluster_launch_available() {
+  const Api* a = api();
+  return a != nullptr && a->cuLaunchKernelEx != nullptr;
 }
 
 }  // namespace fva::cuda

@@ -29,7 +29,11 @@ struct Launch {
   unsigned grid_x = 1, grid_y = 1, grid_z = 1;
   unsigned block = 128;
   size_t smem = 0;
+  unsigned cluster_x = 1;  // > 1: thread-block clusters of that many blocks along x (cuLaunchKernelEx)
 };
+
+// Whether the driver can launch clusters (cuLaunchKernelEx, CUDA 12.0 and later).
+bool cluster_launch_available();
 
 // Launches `kernel` with one by-value parameter block on `stream` (asynchronous; no sync).
 void launch(CUkernel kernel, const Launch& dims, void* stream, const void* params,

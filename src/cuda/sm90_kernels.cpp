@@ -83,7 +83,7 @@ bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::Attent
   if (api == nullptr) return false;
   params->a = a;
   params->q_tiles = params->split_first = 0;  // the QAT forward's launch sets them
-  params->split_pieces = 1;
+  params->split_pieces = params->cluster = 1;
   params->split_partials = params->split_maxima = nullptr;
   params->split_flags = params->split_max_flags = nullptr;
   // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
@@ -130,6 +130,26 @@ int split_override() {
                                      "auto or a whole count of pieces");
   return static_cast<int>(std::min<int64_t>(v, kern::kMaxForwardSplitPieces));
 }
+
+// FVATTN_QAT_CLUSTER: "0" runs the QAT forward without clusters; unset, "auto" or "1", in clusters
+// of two where they apply (sm90_forward_launch).
+bool clusters_allowed() {
+  const char* env = std::getenv("FVATTN_QAT_CLUSTER");
+  if (env != nullptr && std::string(env) == "auto") return true;
+  return env_whole_number("FVATTN_QAT_CLUSTER", 1, 1, "auto, 0 or 1") != 0;
+}
+
+// Whether the QAT forward's grid runs in clusters of two blocks that share their K/V loads
+// (attention_forward_sm90.cuh): the two blocks of a cluster run neighbouring query tiles of one
+// (b, q head) over the same key tiles, so the rows must see the same keys (not causal) and every
+// (b, q head) must have an even count of query tiles, as must the split tiles (each pair of them
+// splits into the same pieces: common/forward_split_plan.h). The driver must launch clusters.
+bool qat_forward_clusters(const kern::AttentionParams& a, int64_t q_tiles, int64_t tiles,
+                          int64_t split_first) {
+  const bool allowed = clusters_allowed();  // read (and checked) on every launch
+  return allowed && a.causal == 0 && q_tiles % 2 == 0 && (tiles - split_first) % 2 == 0 &&
+         cluster_launch_available();
+}
 }  // namespace
 
 Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t Hq, int64_t Sq,
@@ -142,6 +162,7 @@ Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t 
   s.tiles = static_cast<int64_t>(blocks_for(Sq, 64 * kQatConsumers)) * B * Hq;
   s.first = s.tiles;
   const int forced = split_override();  // read (and checked) whenever a split may apply
+  (void)clusters_allowed();             // checked too, before the call launches anything
   if (causal) return s;
   // One block per SM (its 384 threads' registers fill one).
   const kern::ForwardSplitPlan plan = kern::plan_forward_split(
@@ -189,8 +210,10 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
     if (r != CUDA_SUCCESS)
       fail(FVA_ERR_CUDA, "zeroing the QAT forward's split flags failed: {}", error_text(api, r));
   }
+  P.cluster = qat_forward_clusters(a, q_tiles, tiles, P.split_first) ? 2 : 1;
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
+  l.cluster_x = static_cast<unsigned>(P.cluster);
   l.block = 128 * (1 + kQatConsumers);
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));

@@ -784,6 +784,24 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
   }
 }
 
+// A malformed value of one of the QAT forward's environment switches (FVATTN_QAT_SPLIT,
+// FVATTN_QAT_CLUSTER): the sm_90a path refuses the workspace query, naming the variable, before
+// anything runs; other paths do not read it.
+static void check_qat_env_refused(fva_handle_t h, bool native, const char* var, const char* value) {
+  ScopedEnv env(var, value);
+  const QatCase c = random_qat_case("production");
+  const QatTensors in = make_qat_inputs(c);
+  DeviceTensor q(in.q), k(in.k), v(in.v);
+  size_t bytes = 0;
+  const fva_status_t st = fva_qat_forward_workspace_size(h, &c.cfg, q.t(), k.t(), v.t(), &bytes);
+  if (native) {
+    CHECK(st == FVA_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(fva_last_error()).find(var) != std::string::npos);
+  } else {
+    CHECK(st == FVA_OK);
+  }
+}
+
 // The sm_90a QAT forward splits its grid's tail over the key tiles (hopper/forward_split_sm90.cuh):
 // FVATTN_QAT_SPLIT forces N pieces on the tiles of the last wave (here every tile: a test's few
 // tiles fill less than one wave). Each split result against the reference, and o no further from
@@ -873,18 +891,63 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
   }
   // Not a count of pieces: refused, naming the variable.
   SUBCASE("a malformed FVATTN_QAT_SPLIT") {
-    ScopedEnv env("FVATTN_QAT_SPLIT", "many");
-    const QatCase c = random_qat_case("plain");
-    const QatTensors in = make_qat_inputs(c);
-    DeviceTensor q(in.q), k(in.k), v(in.v);
-    size_t bytes = 0;
-    const fva_status_t st = fva_qat_forward_workspace_size(probe.h, &c.cfg, q.t(), k.t(), v.t(), &bytes);
-    if (native) {
-      CHECK(st == FVA_ERR_INVALID_ARGUMENT);
-      CHECK(std::string(fva_last_error()).find("FVATTN_QAT_SPLIT") != std::string::npos);
-    } else {
-      CHECK(st == FVA_OK);
+    check_qat_env_refused(probe.h, native, "FVATTN_QAT_SPLIT", "many");
+  }
+}
+
+// The sm_90a QAT forward runs in clusters of two blocks that share their K/V loads by TMA
+// multicast where the shape allows (not causal, an even count of 128-row query tiles per head;
+// hopper/attention_forward_sm90.cuh). Both blocks compute exactly what each would alone, so o,
+// o_hp and lse are bit for bit those of the forward without clusters (FVATTN_QAT_CLUSTER=0), whole
+// and with the tail split over 2 and 3 pieces (the pieces' block order differs in clusters), and
+// within the tolerance of the reference. Ragged last tiles (rows past Sq in a cluster's block),
+// GQA, both head sizes, and shapes without clusters (an odd count of tiles, causal) that fall
+// back; a malformed variable is refused before anything runs.
+TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without them") {
+  CudaHandle probe;
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  REQUIRE_OK(fva_get_info(probe.h, &info));
+  const bool native = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const char* configs[] = {"production", "plain", "no-hp-o", "plain-causal"};
+  for (int rep = 0; rep < (quick() ? 4 : 8); ++rep) {
+    const std::string name = configs[rep % 4];
+    SUBCASE((name + " #" + std::to_string(rep)).c_str()) {
+      QatCase c = random_qat_case(name);
+      // Even query tiles per head (a ragged last one), but every fifth case odd: no clusters.
+      const int64_t q_tiles = rep % 5 == 4 ? 3 : 2 * uniform(1, 2);
+      c.Sq = 128 * q_tiles - uniform(0, 100);
+      c.Skv = uniform(130, 700);
+      c.key_gain = rep % 2 ? 24.0 : 1.0;
+      INFO(describe(c));
+      MESSAGE(describe(c));
+      const QatTensors in = make_qat_inputs(c);
+      QatForwardOut ref = qat_outputs(c);
+      cpu_qat_forward(c, in, ref);
+      CudaHandle gpu;
+      for (const std::string pieces : {"0", "2", "3"}) {
+        ScopedEnv split("FVATTN_QAT_SPLIT", pieces.c_str());
+        INFO("FVATTN_QAT_SPLIT=" << pieces);
+        QatForwardOut alone = qat_outputs(c), paired = qat_outputs(c);
+        {
+          ScopedEnv env("FVATTN_QAT_CLUSTER", "0");
+          gpu_qat_forward(gpu.h, c, in, alone);
+        }
+        {
+          ScopedEnv env("FVATTN_QAT_CLUSTER", rep % 3 ? "1" : "auto");
+          gpu_qat_forward(gpu.h, c, in, paired);
+        }
+        check_close("o", paired.o, ref.o, kTol);
+        if (c.cfg.high_precision_o) check_close("o_hp", paired.o_hp, ref.o_hp, kTol);
+        check_close("lse", paired.lse, ref.lse, kLseTol);
+        CHECK_MESSAGE(paired.o.bits16() == alone.o.bits16(), "o: clusters against none");
+        CHECK_MESSAGE(paired.o_hp.bits16() == alone.o_hp.bits16(), "o_hp: clusters against none");
+        CHECK_MESSAGE(paired.lse.values() == alone.lse.values(), "lse: clusters against none");
+      }
     }
+  }
+  SUBCASE("a malformed FVATTN_QAT_CLUSTER") {
+    check_qat_env_refused(probe.h, native, "FVATTN_QAT_CLUSTER", "2");
   }
 }
 

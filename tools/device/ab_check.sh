@@ -5,17 +5,20 @@
 #   2. runs the GPU tests that TESTS names (a doctest -tc filter) and compute-sanitizer's
 #      SANITIZERS on them in quick mode;
 #   3. the A/B of tools/device/ab_builds.sh: this checkout ("new") against it with BASE_PATCH
-#      reversed ("base"), ROUNDS rounds of `fvattn bench $BENCH_ARGS`, base first;
+#      reversed ("base"), ROUNDS rounds of `fvattn bench $BENCH_ARGS`, base first; or, with
+#      VARIANTS instead of BASE_PATCH, tools/device/env_ab.sh's runtime variants of this one build
+#      (no second build: a change behind an environment switch);
 # and writes three files to $OUT, well under the device tool's eight: summary.txt (a line per step,
 # then the A/B table, last), ab-all.json (every round's bench JSON: {"base": [...], "new": [...]})
 # and logs.tar.gz (every log). A failed build or test skips the A/B: a change that fails its tests
 # has no speed worth measuring.
-#   BASE_PATCH (required: `git diff <base> -- kernels src > ab-base.patch` here, left untracked),
+#   BASE_PATCH (`git diff <base> -- kernels src > ab-base.patch` here, left untracked) or VARIANTS
+#   (env_ab.sh's: "name=VAR=VALUE,... name2=...", the first the base),
 #   TESTS (default: every GPU test), SANITIZERS (default: racecheck synccheck), ROUNDS (default 2),
 #   BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT (default: /tmp/fvattn-ab-check),
 #   KERNEL_TIMES (optional, a kernel-name regex: then each build's launches of those kernels are
-#   timed by tools/device/kernel_times.sh at S=16384 after the A/B, and summary.txt ends with the
-#   median per kernel of both), TIMELINE (optional, sequence lengths, e.g. "16384 32768": then
+#   timed by tools/device/kernel_times.sh at each of KERNEL_TIMES_SEQ (default 16384) after the
+#   A/B, and summary.txt ends with the median per kernel of each), TIMELINE (optional, sequence lengths, e.g. "16384 32768": then
 #   the VSA forward's timeline probe, tools/device/vsa_fwd_timeline.cu, runs on both trees at those
 #   lengths at 25% density, and on this one again with its traced tiles' steps, -DFVA_TRACE_TILES;
 #   its output ends summary.txt).
@@ -31,7 +34,7 @@ finish() {
   tar -C "$work" -czf "$OUT/logs.tar.gz" . 2> /dev/null
   exit "$1"
 }
-: "${BASE_PATCH:?BASE_PATCH: a patch from the base to this checkout}"
+[ -n "${VARIANTS:-}" ] || : "${BASE_PATCH:?BASE_PATCH (a patch from the base to this checkout) or VARIANTS}"
 
 OUT="$work/build" GPU_CHECK_STEPS=build tools/gpu-check > "$work/build.log" 2>&1
 if ! grep -q '^build  *PASS' "$work/build/summary.txt" 2> /dev/null; then
@@ -58,11 +61,20 @@ done
 [ $failed -eq 0 ] || finish 1
 
 base_dir=/tmp/fvattn-ab-base  # ab_builds.sh builds the base there (AB_BASE_DIR)
-OUT="$work/ab" AB_BASE_DIR="$base_dir" tools/device/ab_builds.sh > "$work/ab.log" 2>&1
-python3 - "$work/ab" "${ROUNDS:-2}" "$OUT/ab-all.json" <<'PY'
+# Each variant: "name=VAR=VALUE,..." (its environment; the builds' "base" and "new" have none).
+variants="base new"
+if [ -n "${VARIANTS:-}" ]; then
+  variants=$VARIANTS
+  OUT="$work/ab" BUILD_DIR=$B tools/device/env_ab.sh > "$work/ab.log" 2>&1
+else
+  OUT="$work/ab" AB_BASE_DIR="$base_dir" tools/device/ab_builds.sh > "$work/ab.log" 2>&1
+fi
+names=()
+for v in $variants; do names+=("${v%%=*}"); done
+python3 - "$work/ab" "${ROUNDS:-2}" "$OUT/ab-all.json" "${names[@]}" <<'PY'
 import json, os, sys
 ab, rounds, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-runs = {"base": [], "new": []}
+runs = {v: [] for v in sys.argv[4:]}
 for r in range(1, rounds + 1):
     for v in runs:
         path = os.path.join(ab, f"ab-{v}-{r}.json")
@@ -72,13 +84,18 @@ json.dump(runs, open(out, "w"), indent=1)
 PY
 sed -n '/^op  /,$p' "$work/ab.log" | tee -a "$summary"
 if [ -n "${KERNEL_TIMES:-}" ]; then
-  for v in base new; do
-    b=build-gpu
-    [ $v = base ] && b=$base_dir/build-gpu
-    BUILD_DIR=$b KERNELS="$KERNEL_TIMES" SEQ=16384 OUT="$work/times-$v" timeout 120 \
-      tools/device/kernel_times.sh > "$work/times-$v.txt" 2>&1
-  done
-  python3 - "$work/times-base.txt" "$work/times-new.txt" <<'PY' | tee -a "$summary"
+  for seq in ${KERNEL_TIMES_SEQ:-16384}; do
+    files=()
+    for v in $variants; do
+      name=${v%%=*} env=()
+      [ "$v" != "$name" ] && IFS=, read -r -a env <<< "${v#*=}"
+      b=build-gpu
+      [ -z "${VARIANTS:-}" ] && [ "$name" = base ] && b=$base_dir/build-gpu
+      env "${env[@]}" BUILD_DIR=$b KERNELS="$KERNEL_TIMES" SEQ=$seq OUT="$work/times-$name" \
+        timeout 120 tools/device/kernel_times.sh > "$work/times-$name-$seq.txt" 2>&1
+      files+=("$name=$work/times-$name-$seq.txt")
+    done
+    python3 - "$seq" "${files[@]}" <<'PY' | tee -a "$summary"
 import re, statistics, sys
 def medians(path):
     us = {}
@@ -87,12 +104,14 @@ def medians(path):
         if m and m.group(1) != "sum":
             us.setdefault(m.group(1), []).append(float(m.group(2)))
     return {k: (statistics.median(v), len(v)) for k, v in us.items()}
-base, new = medians(sys.argv[1]), medians(sys.argv[2])
-print(f"{'kernel (ncu, S=16384)':44s} {'base us (launches)':>20s} {'new us (launches)':>20s}")
-for k in sorted(set(base) | set(new)):
+runs = [(a.split("=", 1)[0], medians(a.split("=", 1)[1])) for a in sys.argv[2:]]
+print(f"{'kernel (ncu, S=' + sys.argv[1] + ')':44s} " +
+      " ".join(f"{name + ' us (launches)':>24s}" for name, _ in runs))
+for k in sorted(set().union(*(set(d) for _, d in runs))):
     cell = lambda d: f"{d[k][0]:.1f} ({d[k][1]})" if k in d else "-"
-    print(f"{k[:44]:44s} {cell(base):>20s} {cell(new):>20s}")
+    print(f"{k[:44]:44s} " + " ".join(f"{cell(d):>24s}" for _, d in runs))
 PY
+  done
 fi
 if [ -n "${TIMELINE:-}" ]; then
   for run in ".:" "$base_dir:" ".:-DFVA_TRACE_TILES"; do
