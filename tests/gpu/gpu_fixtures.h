@@ -47,6 +47,16 @@ inline bool test_deterministic() {
   return d != nullptr && std::string(d) == "1";
 }
 
+// Whether handle h runs the library's native sm_90a kernels where they apply (an sm_90a device,
+// the default kernel set), so the paths only they have (the stored dS, the QAT forward's split and
+// clusters, their environment switches) are there to test.
+inline bool runs_native_sm90(fva_handle_t h) {
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  REQUIRE_OK(fva_get_info(h, &info));
+  return std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+}
+
 struct CudaHandle {
   fva_handle_t h = nullptr;
   explicit CudaHandle(bool deterministic = test_deterministic()) {

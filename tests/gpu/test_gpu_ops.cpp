@@ -251,6 +251,21 @@ QatCase random_qat_case(const std::string& cfg_name) {
   return c;
 }
 
+// A forward's outputs within the tolerances of the reference's (o_hp where the config has it).
+void check_qat_forward_close(const QatCase& c, const QatForwardOut& got,
+                             const QatForwardOut& ref) {
+  check_close("o", got.o, ref.o, kTol);
+  if (c.cfg.high_precision_o) check_close("o_hp", got.o_hp, ref.o_hp, kTol);
+  check_close("lse", got.lse, ref.lse, kLseTol);
+}
+
+// Two forwards' outputs bit for bit the same; `what` names the pair in a failure.
+void check_qat_forward_bitwise(const QatForwardOut& a, const QatForwardOut& b, const char* what) {
+  CHECK_MESSAGE(a.o.bits16() == b.o.bits16(), "o: " << what);
+  CHECK_MESSAGE(a.o_hp.bits16() == b.o_hp.bits16(), "o_hp: " << what);
+  CHECK_MESSAGE(a.lse.values() == b.lse.values(), "lse: " << what);
+}
+
 void check_qat_case(const QatCase& c) {
   INFO(describe(c));
   MESSAGE(describe(c));
@@ -259,9 +274,7 @@ void check_qat_case(const QatCase& c) {
   QatForwardOut ref = qat_outputs(c), got = qat_outputs(c);
   cpu_qat_forward(c, in, ref);
   gpu_qat_forward(gpu.h, c, in, got);
-  check_close("o", got.o, ref.o, kTol);
-  if (c.cfg.high_precision_o) check_close("o_hp", got.o_hp, ref.o_hp, kTol);
-  check_close("lse", got.lse, ref.lse, kLseTol);
+  check_qat_forward_close(c, got, ref);
 
   // The backward from the reference's own forward outputs, so it is compared on its own.
   const HostTensor& o_bwd = c.cfg.high_precision_o ? ref.o_hp : ref.o;
@@ -730,11 +743,8 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
   check_close("vsa dk", whole.dk, ref.dk, kTol);
   check_close("vsa dv", whole.dv, ref.dv, kTol);
   CudaHandle probe;
-  fva_handle_info_t info{};
-  info.struct_size = sizeof info;
-  REQUIRE_OK(fva_get_info(probe.h, &info));
-  const bool stores_ds = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
-  INFO("D " << c.D << ", image " << info.image);
+  const bool stores_ds = runs_native_sm90(probe.h);
+  INFO("D " << c.D << ", native sm_90a kernels " << stores_ds);
   for (const char* budget : {"1", "2"}) {
     ScopedEnv env("FVATTN_DS_BUDGET_MIB", budget);
     const VsaGrads chunked = gpu_vsa_backward(c, in, o_ref, l_ref);
@@ -812,10 +822,7 @@ static void check_qat_env_refused(fva_handle_t h, bool native, const char* var, 
 // merges scale by 0 too, and a later piece's running max starts far above its own keys'.
 TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
   CudaHandle probe;
-  fva_handle_info_t info{};
-  info.struct_size = sizeof info;
-  REQUIRE_OK(fva_get_info(probe.h, &info));
-  const bool native = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const bool native = runs_native_sm90(probe.h);
   const char* configs[] = {"production", "plain", "no-hp-o"};
   for (int rep = 0; rep < (quick() ? 3 : 6); ++rep) {
     const std::string name = configs[rep % 3];
@@ -850,12 +857,8 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
         QatForwardOut got = qat_outputs(c), again = qat_outputs(c);
         gpu_qat_forward(gpu.h, c, in, got);
         gpu_qat_forward(gpu.h, c, in, again);
-        check_close("o", got.o, ref.o, kTol);
-        if (c.cfg.high_precision_o) check_close("o_hp", got.o_hp, ref.o_hp, kTol);
-        check_close("lse", got.lse, ref.lse, kLseTol);
-        CHECK_MESSAGE(got.o.bits16() == again.o.bits16(), "o differs between two identical runs");
-        CHECK_MESSAGE(got.o_hp.bits16() == again.o_hp.bits16(), "o_hp differs between two identical runs");
-        CHECK_MESSAGE(got.lse.values() == again.lse.values(), "lse differs between two identical runs");
+        check_qat_forward_close(c, got, ref);
+        check_qat_forward_bitwise(got, again, "differs between two identical runs");
         check_close("lse against unsplit", got.lse, whole.lse, 2e-4);
         const double e_split = rel_l2_floored(got.o.values(), ref.o.values()),
                      e_whole = rel_l2_floored(whole.o.values(), ref.o.values());
@@ -905,10 +908,7 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
 // back; a malformed variable is refused before anything runs.
 TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without them") {
   CudaHandle probe;
-  fva_handle_info_t info{};
-  info.struct_size = sizeof info;
-  REQUIRE_OK(fva_get_info(probe.h, &info));
-  const bool native = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const bool native = runs_native_sm90(probe.h);
   const char* configs[] = {"production", "plain", "no-hp-o", "plain-causal"};
   for (int rep = 0; rep < (quick() ? 4 : 8); ++rep) {
     const std::string name = configs[rep % 4];
@@ -937,12 +937,8 @@ TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without t
           ScopedEnv env("FVATTN_QAT_CLUSTER", rep % 3 ? "1" : "auto");
           gpu_qat_forward(gpu.h, c, in, paired);
         }
-        check_close("o", paired.o, ref.o, kTol);
-        if (c.cfg.high_precision_o) check_close("o_hp", paired.o_hp, ref.o_hp, kTol);
-        check_close("lse", paired.lse, ref.lse, kLseTol);
-        CHECK_MESSAGE(paired.o.bits16() == alone.o.bits16(), "o: clusters against none");
-        CHECK_MESSAGE(paired.o_hp.bits16() == alone.o_hp.bits16(), "o_hp: clusters against none");
-        CHECK_MESSAGE(paired.lse.values() == alone.lse.values(), "lse: clusters against none");
+        check_qat_forward_close(c, paired, ref);
+        check_qat_forward_bitwise(paired, alone, "clusters against none");
       }
     }
   }
@@ -1094,14 +1090,11 @@ TEST_CASE("GPU QAT backward workspace: stored dS tiles, or the fused dQ's accumu
     REQUIRE_OK(fva_qat_backward_workspace_size(h.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
     return bytes;
   };
-  fva_handle_info_t info{};
-  info.struct_size = sizeof info;
-  REQUIRE_OK(fva_get_info(fast.h, &info));
-  const bool native = std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
+  const bool native = runs_native_sm90(fast.h);
   const size_t tiles = static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * ((c.Skv + 63) / 64)) * 8192;
   const size_t accumulator =
       static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * 64 * (c.D + 1) * 4);
-  INFO(describe(c) << ", image " << info.image);
+  INFO(describe(c) << ", native sm_90a kernels " << native);
   size_t det_stored = 0, fast_stored = 0;
   {
     ScopedEnv default_budget("FVATTN_DS_BUDGET_MIB", "2048");  // CTest also runs the suite with 0
