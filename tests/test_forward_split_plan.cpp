@@ -142,3 +142,12 @@ TEST_CASE("the QAT forward's blocks: tiles and pieces, alone and in clusters of 
           }
   CHECK(checked > 0);
 }
+
+TEST_CASE("the QAT forward clusters only where the clusters fill every SM") {
+  using fva::kern::forward_clusters_fill_device;
+  CHECK(forward_clusters_fill_device(66, 2, 132));   // the H200: 66 pairs on 132 SMs
+  CHECK_FALSE(forward_clusters_fill_device(65, 2, 132));  // one GPC with an odd count: 2 SMs idle
+  CHECK_FALSE(forward_clusters_fill_device(56, 2, 114));
+  CHECK(forward_clusters_fill_device(57, 2, 114));
+  CHECK_FALSE(forward_clusters_fill_device(0, 2, 132));  // the driver cannot say
+}

@@ -220,7 +220,8 @@ typedef struct fva_qat_config {
  * and the key tiles); anything else is FVA_ERR_INVALID_ARGUMENT. FVATTN_QAT_CLUSTER (read at
  * every call) does not change the workspace: "auto", 1 (or unset) run that forward in clusters of
  * two blocks sharing their K/V loads where the shape allows (not causal, an even count of 128-row
- * query tiles per head; the outputs are bit for bit those without), 0 never; anything else is
+ * query tiles per head) and the device runs enough pairs at once to keep every SM busy (the
+ * outputs are bit for bit those without), 0 never; anything else is
  * FVA_ERR_INVALID_ARGUMENT. */
 FVA_API fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                                     const fva_tensor_t* q, const fva_tensor_t* k,

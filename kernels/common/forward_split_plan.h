@@ -89,4 +89,14 @@ FVA_HD ForwardBlockWork forward_block_work(int block, int split_first, int split
   return w;
 }
 
+// Whether the QAT forward may run in clusters of `cluster` blocks on a device of sm_count SMs
+// where max_active_clusters of them fit at once (cuOccupancyMaxActiveClusters): only if they
+// keep every SM busy (one block per SM). Clusters live within a GPC, so a device whose GPCs hold
+// odd counts of usable SMs would leave SMs idle, which costs more (1/132 of the card per SM) than
+// the shared loads save (+0.7% at best on the H200, docs/perf.md session 29); 0 (the driver cannot
+// say): no clusters.
+inline bool forward_clusters_fill_device(int max_active_clusters, int cluster, int sm_count) {
+  return max_active_clusters > 0 && max_active_clusters * cluster >= sm_count;
+}
+
 }  // namespace fva::kern

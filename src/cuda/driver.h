@@ -69,6 +69,10 @@ struct Api {
   // Launches with attributes: the QAT forward's clusters of two blocks. Optional (null when the
   // driver predates it, CUDA 12.0): the forward then runs without clusters.
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, void*, void**, void**) = nullptr;
+  // How many clusters of a launch can run at once (its kernel a CUkernel cast to CUfunction, the
+  // context the config's stream's). Optional too: the QAT forward clusters only where the
+  // clusters keep every SM busy, and without the query it does not cluster.
+  CUresult (*cuOccupancyMaxActiveClusters)(int*, void*, const CUlaunchConfig*) = nullptr;
   // cuMemsetD32Async(address, value, count of 32-bit words, stream): the fused backward's fp32 dQ
   // accumulator is zeroed with it.
   CUresult (*cuMemsetD32Async)(unsigned long long, unsigned int, size_t, CUstream) = nullptr;

@@ -64,6 +64,8 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, CUlibrary> libraries;  // key: family + "/sass" or "/ptx"
   std::map<std::tuple<std::string, std::string, int>, std::pair<CUkernel, size_t>> kernels;
+  // max_active_clusters: (kernel name, device, cluster size, threads, shared bytes) -> count.
+  std::map<std::tuple<std::string, int, unsigned, unsigned, size_t>, int> max_clusters;
 };
 
 Registry& registry() {
@@ -159,6 +161,26 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
   return k;
 }
 
+namespace {
+// cuLaunchKernelEx's configuration of a clustered launch (`cluster` holds its one attribute).
+CUlaunchConfig cluster_config(const Launch& d, void* stream, CUlaunchAttribute* cluster) {
+  *cluster = CUlaunchAttribute{};
+  cluster->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  cluster->value.cluster_dim = {d.cluster_x, 1, 1};
+  CUlaunchConfig config{};
+  config.grid_x = d.grid_x;
+  config.grid_y = d.grid_y;
+  config.grid_z = d.grid_z;
+  config.block_x = d.block;
+  config.block_y = config.block_z = 1;
+  config.shared_bytes = static_cast<unsigned>(d.smem);
+  config.stream = stream;
+  config.attrs = cluster;
+  config.num_attrs = 1;
+  return config;
+}
+}  // namespace
+
 void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, const char* name) {
   const Api& a = checked_api();
   if (d.grid_x == 0 || d.grid_y == 0 || d.grid_z == 0) return;  // nothing to do
@@ -169,19 +191,8 @@ void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, 
       fail(FVA_ERR_INTERNAL, "launching {} in clusters of {}: {}", name, d.cluster_x,
            a.cuLaunchKernelEx == nullptr ? "the driver has no cuLaunchKernelEx"
                                          : "the grid is not a whole number of clusters");
-    CUlaunchAttribute cluster{};
-    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    cluster.value.cluster_dim = {d.cluster_x, 1, 1};
-    CUlaunchConfig config{};
-    config.grid_x = d.grid_x;
-    config.grid_y = d.grid_y;
-    config.grid_z = d.grid_z;
-    config.block_x = d.block;
-    config.block_y = config.block_z = 1;
-    config.shared_bytes = static_cast<unsigned>(d.smem);
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.num_attrs = 1;
+    CUlaunchAttribute cluster;
+    const CUlaunchConfig config = cluster_config(d, stream, &cluster);
     r = a.cuLaunchKernelEx(&config, kernel, args, nullptr);
   } else {
     r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
@@ -194,7 +205,33 @@ void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, 
 
 bool cluster_launch_available() {
   const Api* a = api();
-  return a != nullptr && a->cuLaunchKernelEx != nullptr;
+  return a != nullptr && a->cuLaunchKernelEx != nullptr && a->cuOccupancyMaxActiveClusters != nullptr;
+}
+
+int max_active_clusters(const char* family, const char* name, const DeviceInfo& device,
+                        const Launch& dims, void* stream) {
+  const Api& a = checked_api();
+  if (a.cuOccupancyMaxActiveClusters == nullptr || dims.cluster_x < 2) return 0;
+  const CUkernel k = kernel(family, name, device, dims.smem);  // the shared-memory limit set
+  Registry& r = registry();
+  const auto key = std::make_tuple(std::string(name), device.ordinal, dims.cluster_x, dims.block,
+                                   dims.smem);
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.max_clusters.find(key);
+    if (it != r.max_clusters.end()) return it->second;
+  }
+  Launch one = dims;  // the query's grid: one cluster (the count does not depend on the grid)
+  one.grid_x = dims.cluster_x;
+  one.grid_y = one.grid_z = 1;
+  CUlaunchAttribute cluster;
+  const CUlaunchConfig config = cluster_config(one, stream, &cluster);
+  int count = 0;
+  if (a.cuOccupancyMaxActiveClusters(&count, k, &config) != CUDA_SUCCESS)
+    return 0;  // not cached: a later call may be able to ask (e.g. outside a stream capture)
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.max_clusters[key] = count;
+  return count;
 }
 
 }  // namespace fva::cuda

@@ -32,8 +32,16 @@ struct Launch {
   unsigned cluster_x = 1;  // > 1: thread-block clusters of that many blocks along x (cuLaunchKernelEx)
 };
 
-// Whether the driver can launch clusters (cuLaunchKernelEx, CUDA 12.0 and later).
+// Whether the driver can launch clusters and say how many fit (cuLaunchKernelEx,
+// cuOccupancyMaxActiveClusters: CUDA 12.0 and later).
 bool cluster_launch_available();
+
+// How many clusters of dims.cluster_x blocks of the kernel, with dims' threads and shared memory,
+// the device runs at once (cuOccupancyMaxActiveClusters, in the context of `stream`), or 0 when
+// the driver cannot say (then not cached). Cached per kernel, device and shape. A device whose SMs are spread over
+// its GPCs unevenly may leave SMs idle under clusters: the caller compares.
+int max_active_clusters(const char* family, const char* name, const DeviceInfo& device,
+                        const Launch& dims, void* stream);
 
 // Launches `kernel` with one by-value parameter block on `stream` (asynchronous; no sync).
 void launch(CUkernel kernel, const Launch& dims, void* stream, const void* params,

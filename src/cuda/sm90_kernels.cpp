@@ -210,15 +210,24 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
     if (r != CUDA_SUCCESS)
       fail(FVA_ERR_CUDA, "zeroing the QAT forward's split flags failed: {}", error_text(api, r));
   }
-  P.cluster = qat_forward_clusters(a, q_tiles, tiles, P.split_first) ? 2 : 1;
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
-  l.cluster_x = static_cast<unsigned>(P.cluster);
   l.block = 128 * (1 + kQatConsumers);
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
   const std::string name =
       fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
+  // Pairs where the shape allows and the device fits enough of them to keep every SM busy.
+  P.cluster = 1;
+  if (qat_forward_clusters(a, q_tiles, tiles, P.split_first)) {
+    Launch pairs = l;
+    pairs.cluster_x = 2;
+    if (kern::forward_clusters_fill_device(
+            max_active_clusters("sm90", name.c_str(), h.device, pairs, stream), 2,
+            h.device.sm_count))
+      P.cluster = 2;
+  }
+  l.cluster_x = static_cast<unsigned>(P.cluster);
   launch("sm90", name.c_str(), h.device, l, stream, P);
 }
 
