@@ -21,7 +21,11 @@
  *   - Data pointers are device pointers for a CUDA handle and host pointers for a CPU handle; so is
  *     the workspace pointer.
  *   - The stream is a cudaStream_t / CUstream passed as void* (NULL: the legacy default stream); the
- *     CPU backend ignores it and runs synchronously. No call synchronizes the device.
+ *     CPU backend ignores it and runs synchronously. No call synchronizes the device. A call's
+ *     first kernel waits for the stream's earlier work as usual; on sm_90 and later devices with a
+ *     CUDA 12.3+ driver its later kernels are programmatic dependent launches, each waiting for
+ *     the one before it inside the call (the environment variable FVATTN_PDL=0 turns that off;
+ *     "auto", 1 or unset: on; anything else makes every CUDA call FVA_ERR_INVALID_ARGUMENT).
  *   - No call allocates device memory; scratch comes from the caller (the workspace).
  *   - Every options struct starts with uint32_t struct_size and has an *_INIT initializer, so later
  *     versions can append fields without breaking callers compiled against this header.

@@ -2,6 +2,7 @@
 // each block sums one chunk of tokens of one (b, h) per channel in double, then one block adds the
 // chunks in index order, divides and rounds to the dtype, as the CPU reference does.
 #include "common/device_primitives.cuh"
+#include "common/kernel_chain.cuh"
 #include "common/kernel_params.h"
 
 namespace fva::dev {
@@ -38,14 +39,18 @@ __device__ __forceinline__ void mean_final(const kern::MeanParams& p) {
 }  // namespace fva::dev
 
 extern "C" __global__ void fva_k_mean_partial_bf16(const fva::kern::MeanParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::mean_partial<fva::dev::Bf16>(p);
 }
 extern "C" __global__ void fva_k_mean_partial_f16(const fva::kern::MeanParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::mean_partial<fva::dev::F16>(p);
 }
 extern "C" __global__ void fva_k_mean_final_bf16(const fva::kern::MeanParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::mean_final<fva::dev::Bf16>(p);
 }
 extern "C" __global__ void fva_k_mean_final_f16(const fva::kern::MeanParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::mean_final<fva::dev::F16>(p);
 }

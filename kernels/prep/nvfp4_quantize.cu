@@ -11,6 +11,7 @@
 // written in its owned-group key order (common/key_order.h: rows permuted within 64-token tiles)
 // and padded with zero rows to whole tiles (QuantizeJob::owned_order).
 #include "common/device_primitives.cuh"
+#include "common/kernel_chain.cuh"
 #include "common/kernel_params.h"
 #include "common/key_order.h"
 #include "common/nvfp4.h"
@@ -160,26 +161,34 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 // Block mode at D = 64 and 128 (the attention ops' head dimensions) has kernels of its own, _d64 and
 // _d128, with D a constant; the plain names serve every other D.
 extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::Bf16, false>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_f16(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::F16, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16_d64(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::Bf16, false, 64>(p);
 }
 extern "C" __global__ void __launch_bounds__(128, 8) fva_nvfp4_quantize_bf16_d128(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::Bf16, false, 128>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_f16_d64(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::F16, false, 64>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_f16_d128(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::F16, false, 128>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_tile_bf16(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::Bf16, true>(p);
 }
 extern "C" __global__ void fva_nvfp4_quantize_tile_f16(const fva::kern::QuantizeParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   fva::dev::quantize_tiles<fva::dev::F16, true>(p);
 }

@@ -11,6 +11,7 @@
 // the pair's dS tile. fva_vsa_invert_indices additionally runs
 //   6. emit: each segment's q blocks without duplicates into k2q_idx (padded with -1) and k2q_num.
 // The backward also orders its dK/dV blocks by their lists' lengths (fva_vsa_invert_order).
+#include "common/kernel_chain.cuh"
 #include "common/kernel_params.h"
 #include "vsa/vsa_schedules.cuh"
 
@@ -25,6 +26,7 @@ __device__ __forceinline__ int64_t units(const InvertParams& p) {
 }  // namespace
 
 extern "C" __global__ void fva_vsa_invert_zero(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   const int64_t n = units(p) * p.lists.num_kv_blocks;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -50,6 +52,7 @@ __device__ __forceinline__ bool entry_at(const InvertParams& p, int64_t i, int64
 }
 
 extern "C" __global__ void fva_vsa_invert_count(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   int64_t unit;
   int qb, kv, slot;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -60,6 +63,7 @@ extern "C" __global__ void fva_vsa_invert_count(const InvertParams p) {
 // total carried between chunks). (A thread per unit scanned serially: 21 us for 8 units of 256
 // kv blocks on the H200, with 2% of the GPU busy.)
 extern "C" __global__ void fva_vsa_invert_scan(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   const int64_t unit = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (unit >= units(p)) return;
@@ -84,6 +88,7 @@ extern "C" __global__ void fva_vsa_invert_scan(const InvertParams p) {
 }
 
 extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   int64_t unit;
   int qb, kv, slot;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -99,6 +104,7 @@ extern "C" __global__ void fva_vsa_invert_fill(const InvertParams p) {
 // same scratch element at each step (a broadcast), and the writes go to the separate sorted copy.
 // (This replaced a thread-per-segment insertion sort: 348 us of a 3.5 ms VSA backward on the H200.)
 extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   const int nkv = p.lists.num_kv_blocks;
   const int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
@@ -132,6 +138,7 @@ extern "C" __global__ void fva_vsa_invert_sort(const InvertParams p) {
 // deterministic function of the counts. The host launches it for at most kVsaOrderMaxKvBlocks kv
 // blocks (the weights' shared-memory array).
 extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   __shared__ int32_t work[fva::kern::kVsaOrderMaxKvBlocks];
   const int nkv = p.lists.num_kv_blocks;
   if (nkv > fva::kern::kVsaOrderMaxKvBlocks) __trap();  // the host's limit, checked
@@ -157,6 +164,7 @@ extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
 }
 
 extern "C" __global__ void fva_vsa_invert_emit(const InvertParams p) {
+  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   const int nkv = p.lists.num_kv_blocks, nqb = p.lists.num_q_blocks;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= units(p) * nkv) return;

@@ -20,6 +20,7 @@ constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NO_BINARY_FOR_GPU = 209;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
 // cuLaunchKernelEx's configuration (cuda.h's CUlaunchAttribute and CUlaunchConfig, same layout:
 // an attribute is its id, padded to 8 bytes, and a 64-byte union of values).
@@ -32,6 +33,7 @@ struct CUlaunchAttribute {
     struct {
       unsigned x, y, z;
     } cluster_dim;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    int programmatic_stream_serialization_allowed;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_...
   } value;
 };
 static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8,
@@ -66,8 +68,10 @@ struct Api {
   CUresult (*cuKernelSetAttribute)(int, int, CUkernel, CUdevice) = nullptr;
   CUresult (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**) = nullptr;
-  // Launches with attributes: the QAT forward's clusters of two blocks. Optional (null when the
-  // driver predates it, CUDA 12.0): the forward then runs without clusters.
+  // Launches with attributes: the QAT forward's clusters of two blocks, and a call's kernels after
+  // its first as programmatic dependent launches (kernel_images.h, LaunchChain). Optional (null
+  // when the driver predates it, CUDA 12.0): the forward then runs without clusters, and every
+  // kernel waits for the one before it as the stream orders them.
   CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, void*, void**, void**) = nullptr;
   // How many clusters of a launch can run at once (its kernel a CUkernel cast to CUfunction, the
   // context the config's stream's). Optional too: the QAT forward clusters only where the

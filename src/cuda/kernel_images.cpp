@@ -6,6 +6,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "environment.h"
 #include "error.h"
 
 namespace fva::cuda {
@@ -162,11 +163,19 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
 }
 
 namespace {
-// cuLaunchKernelEx's configuration of a clustered launch (`cluster` holds its one attribute).
-CUlaunchConfig cluster_config(const Launch& d, void* stream, CUlaunchAttribute* cluster) {
-  *cluster = CUlaunchAttribute{};
-  cluster->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  cluster->value.cluster_dim = {d.cluster_x, 1, 1};
+
+// The calling thread's open LaunchChain: whether its launches chain, and whether a kernel of it
+// has been launched since it opened or since the last memset_words.
+struct ChainState {
+  bool open = false;
+  bool enabled = false;
+  bool after_kernel = false;
+};
+thread_local ChainState t_chain;
+
+// cuLaunchKernelEx's configuration of `d` on `stream` with its attributes (`attrs` has room for
+// two): clusters where d.cluster_x > 1, and the programmatic dependency where `chained`.
+CUlaunchConfig launch_config(const Launch& d, void* stream, bool chained, CUlaunchAttribute* attrs) {
   CUlaunchConfig config{};
   config.grid_x = d.grid_x;
   config.grid_y = d.grid_y;
@@ -175,32 +184,71 @@ CUlaunchConfig cluster_config(const Launch& d, void* stream, CUlaunchAttribute* 
   config.block_y = config.block_z = 1;
   config.shared_bytes = static_cast<unsigned>(d.smem);
   config.stream = stream;
-  config.attrs = cluster;
-  config.num_attrs = 1;
+  config.attrs = attrs;
+  config.num_attrs = 0;
+  if (d.cluster_x > 1) {
+    CUlaunchAttribute& a = attrs[config.num_attrs++];
+    a = CUlaunchAttribute{};
+    a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.cluster_dim = {d.cluster_x, 1, 1};
+  }
+  if (chained) {
+    CUlaunchAttribute& a = attrs[config.num_attrs++];
+    a = CUlaunchAttribute{};
+    a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    a.value.programmatic_stream_serialization_allowed = 1;
+  }
   return config;
 }
 }  // namespace
+
+bool launch_chain_enabled(const DeviceInfo& device) {
+  const bool allowed = env_switch_on("FVATTN_PDL");  // read (and checked) whatever the device
+  const Api* a = api();
+  return allowed && a != nullptr && a->cuLaunchKernelEx != nullptr && device.sm_major >= 9 &&
+         driver_version() >= 12030;
+}
+
+LaunchChain::LaunchChain(const DeviceInfo& device) {
+  const bool enabled = launch_chain_enabled(device);  // may throw: before the state changes
+  t_chain = ChainState{true, enabled, false};
+}
+
+LaunchChain::~LaunchChain() { t_chain = ChainState{}; }
+
+void memset_words(void* address, uint32_t value, size_t words, void* stream, const char* what) {
+  const Api& a = checked_api();
+  const CUresult r = a.cuMemsetD32Async(reinterpret_cast<unsigned long long>(address), value, words,
+                                        stream);
+  if (r != CUDA_SUCCESS)
+    fail(FVA_ERR_CUDA, "zeroing {} ({} bytes) failed: {}", what, 4 * words, error_text(a, r));
+  t_chain.after_kernel = false;
+}
 
 void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, const char* name) {
   const Api& a = checked_api();
   if (d.grid_x == 0 || d.grid_y == 0 || d.grid_z == 0) return;  // nothing to do
   void* args[] = {const_cast<void*>(params)};
+  const bool chained = t_chain.open && t_chain.enabled && t_chain.after_kernel;
   CUresult r = CUDA_SUCCESS;
-  if (d.cluster_x > 1) {
+  if (d.cluster_x > 1 || chained) {
     if (a.cuLaunchKernelEx == nullptr || d.grid_x % d.cluster_x != 0)
       fail(FVA_ERR_INTERNAL, "launching {} in clusters of {}: {}", name, d.cluster_x,
            a.cuLaunchKernelEx == nullptr ? "the driver has no cuLaunchKernelEx"
                                          : "the grid is not a whole number of clusters");
-    CUlaunchAttribute cluster;
-    const CUlaunchConfig config = cluster_config(d, stream, &cluster);
+    CUlaunchAttribute attrs[2];
+    const CUlaunchConfig config = launch_config(d, stream, chained, attrs);
     r = a.cuLaunchKernelEx(&config, kernel, args, nullptr);
   } else {
     r = a.cuLaunchKernel(kernel, d.grid_x, d.grid_y, d.grid_z, d.block, 1, 1,
                          static_cast<unsigned>(d.smem), stream, args, nullptr);
   }
   if (r != CUDA_SUCCESS)
-    fail(FVA_ERR_CUDA, "launching {} (grid {}x{}x{}, clusters of {}, {} threads, {} bytes shared) failed: {}",
-         name, d.grid_x, d.grid_y, d.grid_z, d.cluster_x, d.block, d.smem, error_text(a, r));
+    fail(FVA_ERR_CUDA,
+         "launching {} (grid {}x{}x{}, clusters of {}, {} threads, {} bytes shared{}) failed: {}",
+         name, d.grid_x, d.grid_y, d.grid_z, d.cluster_x, d.block, d.smem,
+         chained ? ", chained to the kernel before it" : "", error_text(a, r));
+  if (t_chain.open) t_chain.after_kernel = true;
 }
 
 bool cluster_launch_available() {
@@ -224,8 +272,8 @@ int max_active_clusters(const char* family, const char* name, const DeviceInfo& 
   Launch one = dims;  // the query's grid: one cluster (the count does not depend on the grid)
   one.grid_x = dims.cluster_x;
   one.grid_y = one.grid_z = 1;
-  CUlaunchAttribute cluster;
-  const CUlaunchConfig config = cluster_config(one, stream, &cluster);
+  CUlaunchAttribute attrs[2];
+  const CUlaunchConfig config = launch_config(one, stream, false, attrs);
   int count = 0;
   if (a.cuOccupancyMaxActiveClusters(&count, k, &config) != CUDA_SUCCESS)
     return 0;  // not cached: a later call may be able to ask (e.g. outside a stream capture)

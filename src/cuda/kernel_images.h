@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "driver.h"
@@ -43,7 +44,33 @@ bool cluster_launch_available();
 int max_active_clusters(const char* family, const char* name, const DeviceInfo& device,
                         const Launch& dims, void* stream);
 
-// Launches `kernel` with one by-value parameter block on `stream` (asynchronous; no sync).
+// The kernels of one fvattn call as a chain of programmatic dependent launches (PDL): while a
+// LaunchChain lives on the calling thread, launch() gives every kernel after the chain's first the
+// driver's programmatic-stream-serialization attribute, so that kernel's blocks may become resident
+// while the kernel before it runs its last wave, and wait there (kernels/common/kernel_chain.cuh:
+// every kernel fvattn ships waits for its predecessor before touching memory). The first kernel
+// waits for whatever the stream held before the call, as always. Each op of the CUDA backend opens
+// one chain before its first launch. Off (every launch ordered by the stream alone) with
+// FVATTN_PDL=0, on devices before sm_90, or on drivers before CUDA 12.3 (stream capture of such
+// launches); a malformed FVATTN_PDL is FVA_ERR_INVALID_ARGUMENT from the constructor.
+class LaunchChain {
+ public:
+  explicit LaunchChain(const DeviceInfo& device);
+  ~LaunchChain();
+  LaunchChain(const LaunchChain&) = delete;
+  LaunchChain& operator=(const LaunchChain&) = delete;
+};
+
+// Whether FVATTN_PDL and the driver allow chained launches on `device` (as LaunchChain decides).
+bool launch_chain_enabled(const DeviceInfo& device);
+
+// cuMemsetD32Async of `words` 32-bit words at `address` on `stream`; `what` names the buffer in the
+// error. Within a LaunchChain the next kernel then waits as the stream orders it (a programmatic
+// launch follows kernels only).
+void memset_words(void* address, uint32_t value, size_t words, void* stream, const char* what);
+
+// Launches `kernel` with one by-value parameter block on `stream` (asynchronous; no sync), chained
+// to the kernel before it when a LaunchChain is open.
 void launch(CUkernel kernel, const Launch& dims, void* stream, const void* params,
             const char* name);
 

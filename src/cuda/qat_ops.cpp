@@ -266,6 +266,7 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                  const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream) {
   ensure_context(h.device);
+  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
   const bool quantize = p.cfg.quantize != 0;
   const Prepared prep = prepared(p, quantize, true);
   WorkspaceCarver c(ws);
@@ -282,6 +283,7 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   kern::Sm90ForwardParams native;
   if (sm90_forward_prepare(h, Sm90Kind::kQat, a, p.D, quantize, p.cfg.p_scale, &native,
                            kv_rows(p, prep))) {
+    sm90_forward_split_reset(split, stream);
     fill_prepared(h, p, quantize, prep, buf, a, q, k, v, prep.padded_kv, stream);
     sm90_forward_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, quantize, stream, &split);
     return;
@@ -311,6 +313,7 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,
                   const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws, void* stream) {
   ensure_context(h.device);
+  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
   const bool quantize = backward_quantizes_qkv(p);
   const Prepared prep = prepared(p, quantize, false);
   const DqPath path = dq_path(h, p);
@@ -371,6 +374,7 @@ void nvfp4_fake_quantize(const fva_handle& h, const cpu::Nvfp4Problem& p, const 
       x.shape[2] > std::numeric_limits<int32_t>::max() - 64)
     fail(FVA_ERR_UNSUPPORTED, "x: too large for the CUDA backend's 32-bit token indexing");
   ensure_context(h.device);
+  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
   // (In block mode tile_tokens is not read; launch_quantize picks the unit.)
   launch_quantize(h, x.dtype, {{tensor4(x), tensor4(y), x.shape[1], x.shape[2], true, nullptr}},
                   x.shape[0], x.shape[3], p.scale_mode,

@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <limits>
 #include <string>
 
 #include "common/forward_split_plan.h"
+#include "environment.h"
 #include "kernel_images.h"
 #include "params.h"
 
@@ -109,19 +109,6 @@ size_t Sm90ForwardSplit::maxima_floats() const {
 }
 
 namespace {
-// The environment variable `name` as a whole number, or `fallback` when it is unset or empty;
-// anything but a number from 0 to `max` is FVA_ERR_INVALID_ARGUMENT ("name='value': expected ...").
-int64_t env_whole_number(const char* name, int64_t fallback, int64_t max, const char* expected) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(env, &end, 10);
-  if (errno != 0 || end == env || *end != '\0' || v < 0 || v > max)
-    fail(FVA_ERR_INVALID_ARGUMENT, "{}='{}': expected {}", name, env, expected);
-  return v;
-}
-
 // FVATTN_QAT_SPLIT: -1 (unset or "auto": the plan), else the pieces asked for (0 and 1: none).
 int split_override() {
   const char* env = std::getenv("FVATTN_QAT_SPLIT");
@@ -133,11 +120,7 @@ int split_override() {
 
 // FVATTN_QAT_CLUSTER: "0" runs the QAT forward without clusters; unset, "auto" or "1", in clusters
 // of two where they apply (sm90_forward_launch).
-bool clusters_allowed() {
-  const char* env = std::getenv("FVATTN_QAT_CLUSTER");
-  if (env != nullptr && std::string(env) == "auto") return true;
-  return env_whole_number("FVATTN_QAT_CLUSTER", 1, 1, "auto, 0 or 1") != 0;
-}
+bool clusters_allowed() { return env_switch_on("FVATTN_QAT_CLUSTER"); }
 
 // Whether the QAT forward's grid runs in clusters of two blocks that share their K/V loads
 // (attention_forward_sm90.cuh): the two blocks of a cluster run neighbouring query tiles of one
@@ -172,6 +155,11 @@ Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t 
   return s;
 }
 
+void sm90_forward_split_reset(const Sm90ForwardSplit& split, void* stream) {
+  if (split.pieces > 1 && split.flags != nullptr)
+    memset_words(split.flags, 0, 2 * split.flag_words(), stream, "the QAT forward's split flags");
+}
+
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream,
                          const Sm90ForwardSplit* split) {
@@ -204,11 +192,7 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
     P.split_flags = split->flags;
     P.split_maxima = split->maxima;
     P.split_max_flags = split->flags + split->flag_words();
-    const Api& api = *cuda::api();
-    const CUresult r = api.cuMemsetD32Async(reinterpret_cast<unsigned long long>(split->flags), 0,
-                                            2 * split->flag_words(), stream);
-    if (r != CUDA_SUCCESS)
-      fail(FVA_ERR_CUDA, "zeroing the QAT forward's split flags failed: {}", error_text(api, r));
+    // (Its flags were zeroed by sm90_forward_split_reset, before the call's first kernel.)
   }
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
@@ -355,13 +339,9 @@ void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
   // dq_accum, then ds_rowsum; one memset zeroes both.
   params.dq_accum = accumulator;
   params.ds_rowsum = accumulator + kern::sm90_dq_accumulator_rows(a.B, a.Hq, a.Sq) * D;
-  const Api& api = *cuda::api();
-  const int64_t words = kern::sm90_dq_accumulator_bytes(a.B, a.Hq, a.Sq, D) / 4;
-  const CUresult r = api.cuMemsetD32Async(reinterpret_cast<unsigned long long>(accumulator), 0,
-                                          static_cast<size_t>(words), stream);
-  if (r != CUDA_SUCCESS)
-    fail(FVA_ERR_CUDA, "zeroing the dQ accumulator ({} bytes) failed: {}", 4 * words,
-         error_text(api, r));
+  memset_words(accumulator, 0,
+               static_cast<size_t>(kern::sm90_dq_accumulator_bytes(a.B, a.Hq, a.Sq, D) / 4),
+               stream, "the dQ accumulator");
   dkdv_launch(h, kind, params, D, dtype, Dkdv::kFusedDq, kv_units_of(a), stream);
   // dq_accumulator_sm90.cuh: a 128-thread block per 64-row query tile of every (b, q head).
   const std::string name = fmt::format("fva_sm90_dq_convert_{}_d{}", dtype_suffix(dtype), D);

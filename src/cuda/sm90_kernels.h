@@ -49,8 +49,12 @@ Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t 
                                         int64_t Skv, int64_t D, bool causal, bool quantize_p,
                                         int32_t p_scale);
 
+// Zeroes the split's flags on `stream` (nothing when it splits nothing): before the call's first
+// kernel, so that the call's kernels chain (kernel_images.h, LaunchChain) without a memset between.
+void sm90_forward_split_reset(const Sm90ForwardSplit& split, void* stream);
+
 // Launches the forward prepared above (asynchronous, on `stream`); the QAT forward with `split`
-// (its buffers set) splits the tiles it plans, after zeroing their flags on the stream.
+// (its buffers set, its flags zeroed by sm90_forward_split_reset) splits the tiles it plans.
 void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
                          int64_t D, int32_t dtype, bool quantize_p, void* stream,
                          const Sm90ForwardSplit* split = nullptr);

@@ -122,6 +122,7 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                  const fva_tensor_t& o, const fva_tensor_t& lse, void*, void* stream) {
   ensure_context(h.device);
+  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   a.o = tensor4(o);
   a.lse = tensor3(lse);
@@ -185,6 +186,7 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream) {
   ensure_context(h.device);
+  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
   WorkspaceCarver c(ws);
   const Sm90DsChunks chunks = ds_chunks(h, p);
   const VsaBackwardBuffers buf = carve_backward(p, chunks, c);
@@ -259,6 +261,7 @@ void vsa_invert_indices(const fva_handle& h, const cpu::VsaIndexProblem& p,
     fail(FVA_ERR_UNSUPPORTED, "q2k_idx: B * H = {} is above the CUDA backend's limit", p.B * p.H);
   require_index_size(p.B * p.H, p.num_q_blocks, p.max_k);
   ensure_context(h.device);
+  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
   WorkspaceCarver c(ws);
   const InverseBuffers buf = carve_inverse(p.B * p.H, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
   kern::InvertParams ip{};

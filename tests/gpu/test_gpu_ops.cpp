@@ -678,6 +678,22 @@ void cpu_vsa_forward(const VsaCase& c, const VsaInputs& in, HostTensor& o, HostT
   REQUIRE_OK(fva_vsa_forward(h.h, &cfg, in.q.t(), in.k.t(), in.v.t(), in.idx.t(), in.num.t(), in.sizes.t(),
                              o.t(), l.t(), ws.data(), bytes, nullptr));
 }
+// The forward's o and lse on handle h (same shapes as cpu_vsa_forward's).
+void gpu_vsa_forward(fva_handle_t h, const VsaCase& c, const VsaInputs& in, HostTensor& o_out,
+                     HostTensor& l_out) {
+  o_out = HostTensor(c.dtype, {c.B, c.Hq, 64 * c.nqb, c.D}, c.layout);
+  l_out = HostTensor(FVA_DTYPE_F32, {c.B, c.Hq, 64 * c.nqb});
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  DeviceTensor q(in.q), k(in.k), v(in.v), idx(in.idx), num(in.num), sizes(in.sizes), o(o_out),
+      l(l_out);
+  size_t bytes = 0;
+  REQUIRE_OK(fva_vsa_forward_workspace_size(h, &cfg, q.t(), k.t(), v.t(), idx.t(), &bytes));
+  DeviceBuffer ws = device_workspace(bytes);
+  REQUIRE_OK(fva_vsa_forward(h, &cfg, q.t(), k.t(), v.t(), idx.t(), num.t(), sizes.t(), o.t(),
+                             l.t(), ws.data(), bytes, nullptr));
+  o.download(o_out);
+  l.download(l_out);
+}
 VsaGrads cpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTensor& o_ref,
                           const HostTensor& l_ref) {
   const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
@@ -944,6 +960,100 @@ TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without t
   }
   SUBCASE("a malformed FVATTN_QAT_CLUSTER") {
     check_qat_env_refused(probe.h, native, "FVATTN_QAT_CLUSTER", "2");
+  }
+}
+
+// Every CUDA op launches its kernels after the first as programmatic dependent launches
+// (src/cuda/kernel_images.h, LaunchChain): a kernel's blocks may be resident while the kernel
+// before it finishes, and every kernel waits for its predecessor before it touches memory
+// (kernels/common/kernel_chain.cuh; Delta runs beside it and waits before it exits). A kernel that
+// read too early would read its inputs unfinished, so chained, the outputs must be bit for bit
+// those of the kernels the stream alone orders (FVATTN_PDL=0), at shapes of several waves of
+// blocks, repeated: the QAT forward (production, its tail split, whose flags are zeroed before the
+// chain), the QAT backward on a deterministic handle, the VSA forward, and the VSA backward (the
+// inverse's five kernels, the block order, Delta, then dK/dV and dQ in one chunk and in four).
+// A malformed FVATTN_PDL is refused by every op before anything runs.
+TEST_CASE("GPU chained launches (PDL): bit for bit the kernels the stream alone orders") {
+  auto qat_run = [](const QatCase& c, const QatTensors& in, const char* pdl, QatForwardOut& f,
+                    QatGrads& g) {
+    ScopedEnv env("FVATTN_PDL", pdl);
+    CudaHandle gpu(/*deterministic=*/true);
+    gpu_qat_forward(gpu.h, c, in, f);
+    gpu_qat_backward(gpu.h, c, in, c.cfg.high_precision_o ? f.o_hp : f.o, f.lse, g);
+  };
+  for (const char* name : {"production", "plain"}) {
+    SUBCASE((std::string("QAT ") + name).c_str()) {
+      QatCase c = random_qat_case(name);
+      c.B = 1, c.Hkv = 2, c.Hq = 4, c.D = 128, c.dtype = FVA_DTYPE_BF16, c.layout = Layout::BHSD;
+      c.Sq = uniform(900, 1500), c.Skv = uniform(900, 1500), c.pad = 0;
+      INFO(describe(c));
+      const QatTensors in = make_qat_inputs(c);
+      ScopedEnv split("FVATTN_QAT_SPLIT", "2");  // a memset of the flags before the chain
+      QatForwardOut f0 = qat_outputs(c);
+      QatGrads g0 = qat_grads(c);
+      qat_run(c, in, "0", f0, g0);
+      for (const char* pdl : {"1", "auto", ""}) {
+        INFO("FVATTN_PDL='" << pdl << "'");
+        QatForwardOut f = qat_outputs(c);
+        QatGrads g = qat_grads(c);
+        qat_run(c, in, pdl, f, g);
+        check_qat_forward_bitwise(f, f0, "chained launches against stream-ordered ones");
+        CHECK_MESSAGE(g.dq.bits16() == g0.dq.bits16(), "dQ: chained against stream-ordered");
+        CHECK_MESSAGE(g.dk.bits16() == g0.dk.bits16(), "dK: chained against stream-ordered");
+        CHECK_MESSAGE(g.dv.bits16() == g0.dv.bits16(), "dV: chained against stream-ordered");
+      }
+    }
+  }
+  SUBCASE("VSA") {
+    VsaCase c{1, 4, 2, 40, 40, 12, 128, FVA_DTYPE_BF16, Layout::BHSD};
+    INFO(describe(c));
+    const VsaInputs in = make_vsa_inputs(c);
+    HostTensor o0, l0;
+    {
+      ScopedEnv env("FVATTN_PDL", "0");
+      CudaHandle gpu;
+      gpu_vsa_forward(gpu.h, c, in, o0, l0);
+    }
+    // Each q head's tiles: 40 q blocks x 12 slots x 8 KiB = 3.75 MiB, so 8 MiB holds one (b, kv
+    // head) unit of two q heads: two chunks (on sm_90a; the other kernels ignore the budget).
+    for (const char* budget : {"2048", "8"}) {
+      ScopedEnv b("FVATTN_DS_BUDGET_MIB", budget);
+      INFO("FVATTN_DS_BUDGET_MIB=" << budget);
+      VsaGrads g0;
+      {
+        ScopedEnv env("FVATTN_PDL", "0");
+        g0 = gpu_vsa_backward(c, in, o0, l0);
+      }
+      for (int rep = 0; rep < 3; ++rep) {
+        ScopedEnv env("FVATTN_PDL", rep == 2 ? "auto" : "1");
+        CudaHandle gpu;
+        HostTensor o, l;
+        gpu_vsa_forward(gpu.h, c, in, o, l);
+        CHECK_MESSAGE(o.bits16() == o0.bits16(), "VSA o: chained against stream-ordered");
+        CHECK_MESSAGE(l.values() == l0.values(), "VSA lse: chained against stream-ordered");
+        const VsaGrads g = gpu_vsa_backward(c, in, o0, l0);
+        CHECK_MESSAGE(g.dq.bits16() == g0.dq.bits16(), "VSA dQ: chained against stream-ordered");
+        CHECK_MESSAGE(g.dk.bits16() == g0.dk.bits16(), "VSA dK: chained against stream-ordered");
+        CHECK_MESSAGE(g.dv.bits16() == g0.dv.bits16(), "VSA dV: chained against stream-ordered");
+      }
+    }
+  }
+  SUBCASE("a malformed FVATTN_PDL") {
+    ScopedEnv env("FVATTN_PDL", "yes");
+    CudaHandle gpu;
+    const QatCase c = random_qat_case("production");
+    const QatTensors in = make_qat_inputs(c);
+    QatForwardOut out = qat_outputs(c);
+    DeviceTensor q(in.q), k(in.k), v(in.v), o(out.o), o_hp(out.o_hp), lse(out.lse);
+    size_t bytes = 0;
+    REQUIRE_OK(fva_qat_forward_workspace_size(gpu.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
+    DeviceBuffer ws = device_workspace(bytes);
+    CHECK(fva_qat_forward(gpu.h, &c.cfg, q.t(), k.t(), v.t(), o.t(),
+                          c.cfg.high_precision_o ? o_hp.t() : nullptr, lse.t(), ws.data(), bytes,
+                          nullptr) == FVA_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(fva_last_error()).find("FVATTN_PDL") != std::string::npos);
+    o.download(out.o);
+    CHECK_MESSAGE(out.o.bits16() == qat_outputs(c).o.bits16(), "a refused call wrote o");
   }
 }
 
