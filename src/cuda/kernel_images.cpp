@@ -164,14 +164,22 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
 
 namespace {
 
-// The calling thread's open LaunchChain: whether its launches chain, and whether a kernel of it
-// has been launched since it opened or since the last memset_words.
+// The calling thread's LaunchChain: whether one is open and chains its launches (false outside
+// one), and whether a kernel of it has been launched since it opened or since the last
+// memset_words.
 struct ChainState {
-  bool open = false;
-  bool enabled = false;
+  bool chaining = false;
   bool after_kernel = false;
 };
 thread_local ChainState t_chain;
+
+// Whether FVATTN_PDL and the driver allow chained launches on `device`.
+bool launch_chain_enabled(const DeviceInfo& device) {
+  const bool allowed = env_switch_on("FVATTN_PDL");  // read (and checked) whatever the device
+  const Api* a = api();
+  return allowed && a != nullptr && a->cuLaunchKernelEx != nullptr && device.sm_major >= 9 &&
+         driver_version() >= 12030;
+}
 
 // cuLaunchKernelEx's configuration of `d` on `stream` with its attributes (`attrs` has room for
 // two): clusters where d.cluster_x > 1, and the programmatic dependency where `chained`.
@@ -202,16 +210,9 @@ CUlaunchConfig launch_config(const Launch& d, void* stream, bool chained, CUlaun
 }
 }  // namespace
 
-bool launch_chain_enabled(const DeviceInfo& device) {
-  const bool allowed = env_switch_on("FVATTN_PDL");  // read (and checked) whatever the device
-  const Api* a = api();
-  return allowed && a != nullptr && a->cuLaunchKernelEx != nullptr && device.sm_major >= 9 &&
-         driver_version() >= 12030;
-}
-
 LaunchChain::LaunchChain(const DeviceInfo& device) {
   const bool enabled = launch_chain_enabled(device);  // may throw: before the state changes
-  t_chain = ChainState{true, enabled, false};
+  t_chain = ChainState{enabled, false};
 }
 
 LaunchChain::~LaunchChain() { t_chain = ChainState{}; }
@@ -229,7 +230,7 @@ void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, 
   const Api& a = checked_api();
   if (d.grid_x == 0 || d.grid_y == 0 || d.grid_z == 0) return;  // nothing to do
   void* args[] = {const_cast<void*>(params)};
-  const bool chained = t_chain.open && t_chain.enabled && t_chain.after_kernel;
+  const bool chained = t_chain.chaining && t_chain.after_kernel;
   CUresult r = CUDA_SUCCESS;
   if (d.cluster_x > 1 || chained) {
     if (a.cuLaunchKernelEx == nullptr || d.grid_x % d.cluster_x != 0)
@@ -248,7 +249,7 @@ void launch(CUkernel kernel, const Launch& d, void* stream, const void* params, 
          "launching {} (grid {}x{}x{}, clusters of {}, {} threads, {} bytes shared{}) failed: {}",
          name, d.grid_x, d.grid_y, d.grid_z, d.cluster_x, d.block, d.smem,
          chained ? ", chained to the kernel before it" : "", error_text(a, r));
-  if (t_chain.open) t_chain.after_kernel = true;
+  t_chain.after_kernel = true;  // (read only while a chain is open: the constructor resets it)
 }
 
 bool cluster_launch_available() {

@@ -61,9 +61,6 @@ class LaunchChain {
   LaunchChain& operator=(const LaunchChain&) = delete;
 };
 
-// Whether FVATTN_PDL and the driver allow chained launches on `device` (as LaunchChain decides).
-bool launch_chain_enabled(const DeviceInfo& device);
-
 // cuMemsetD32Async of `words` 32-bit words at `address` on `stream`; `what` names the buffer in the
 // error. Within a LaunchChain the next kernel then waits as the stream orders it (a programmatic
 // launch follows kernels only).
