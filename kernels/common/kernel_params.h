@@ -168,16 +168,41 @@ struct MeanParams {
 // per sequence); past that the dK/dV blocks run in index order.
 constexpr int kVsaOrderMaxKvBlocks = 4096;
 
-// Inversion of the q2k lists: counts, offsets and entries per (b, h) unit.
+// Inversion of the q2k lists per (b, h) unit (kernels/vsa/vsa_invert.cu). A unit's q blocks are cut
+// into chunks of consecutive rows; the inverse counts each chunk's entries per kv block (the tally),
+// scans the tally kv-major, and then places each chunk's entries in row order, so every kv block's
+// segment comes out ascending without a sort.
+//
+// A chunk holds about kInvertChunkEntries list entries, or num_kv_blocks when that is more: the tally
+// (num_kv_blocks per chunk) then stays within the entries' own size plus one row of kv blocks.
+constexpr int kInvertChunkEntries = 1024;
+// The kv blocks whose counters or cursors one shared-memory pass holds (16 KiB); more kv blocks take
+// more passes over the chunk.
+constexpr int kInvertKvWindow = 4096;
+// The entries fva_vsa_invert_place stages in shared memory before it walks them in order.
+constexpr int kInvertPlaceBatch = 1024;
+
+struct InvertChunking {
+  int32_t rows_per_chunk, num_chunks;
+};
+inline InvertChunking invert_chunking(int64_t num_q_blocks, int64_t num_kv_blocks, int64_t max_k) {
+  const int64_t per_chunk = num_kv_blocks > kInvertChunkEntries ? num_kv_blocks : kInvertChunkEntries;
+  int64_t rows = max_k > 0 ? (per_chunk + max_k - 1) / max_k : num_q_blocks;
+  if (rows > num_q_blocks) rows = num_q_blocks;
+  if (rows < 1) rows = 1;
+  return {static_cast<int32_t>(rows), static_cast<int32_t>((num_q_blocks + rows - 1) / rows)};
+}
+
 struct InvertParams {
   VsaLists lists;
   int32_t B, H;
   int32_t skip_empty_blocks;  // 1: leave out entries whose kv block has no real token (backward)
-  int32_t* counts;            // [B * H * num_kv_blocks]
+  int32_t rows_per_chunk, num_chunks;  // invert_chunking
+  // [B * H, num_kv_blocks, num_chunks]: the chunk's entries per kv block (fva_vsa_invert_tally),
+  // then, scanned in place (fva_vsa_invert_scan), where they start in the unit's entries.
+  int32_t* tally;
   int32_t* offsets;           // [B * H * (num_kv_blocks + 1)]
-  int32_t* cursor;            // [B * H * num_kv_blocks]
   int32_t* entries;           // [B * H * num_q_blocks * max_k], each segment ascending
-  int32_t* scattered;         // the same, as the fill scattered it (any order within a segment)
   // The backward's dK/dV block order (fva_vsa_invert_order; null: not built): [B * H / group,
   // num_kv_blocks], the kv blocks of each (b, kv head) by descending pair count over its `group`
   // q heads.

@@ -320,6 +320,10 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   WorkspaceCarver c(ws);
   const QatBuffers buf = carve(p, prep, true, path, c);
   kern::AttentionParams a = describe(p, prep, buf, q, k, v);
+  // The fused backward's accumulator, zeroed ahead of the chain (wasted on the rare call that
+  // sm90_backward_prepare then turns away).
+  if (buf.dq_accumulator != nullptr)
+    sm90_fused_backward_reset(buf.dq_accumulator, p.B, p.Hq, p.Sq, p.D, stream);
   fill_prepared(h, p, quantize, prep, buf, a, q, k, v, false, stream);
   a.o_for_bwd = tensor4(o_for_bwd);
   a.dout = tensor4(dout);

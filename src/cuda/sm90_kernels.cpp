@@ -332,16 +332,21 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
   }
 }
 
+void sm90_fused_backward_reset(float* accumulator, int64_t B, int64_t Hq, int64_t Sq, int64_t D,
+                               void* stream) {
+  // dq_accum, then ds_rowsum; one memset zeroes both.
+  memset_words(accumulator, 0,
+               static_cast<size_t>(kern::sm90_dq_accumulator_bytes(B, Hq, Sq, D) / 4), stream,
+               "the dQ accumulator");
+}
+
 void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
                                 kern::Sm90BackwardParams& params, int64_t D, int32_t dtype,
                                 float* accumulator, void* stream) {
   const kern::AttentionParams& a = params.a;
-  // dq_accum, then ds_rowsum; one memset zeroes both.
+  // dq_accum, then ds_rowsum (zeroed by sm90_fused_backward_reset, before the call's first kernel).
   params.dq_accum = accumulator;
   params.ds_rowsum = accumulator + kern::sm90_dq_accumulator_rows(a.B, a.Hq, a.Sq) * D;
-  memset_words(accumulator, 0,
-               static_cast<size_t>(kern::sm90_dq_accumulator_bytes(a.B, a.Hq, a.Sq, D) / 4),
-               stream, "the dQ accumulator");
   dkdv_launch(h, kind, params, D, dtype, Dkdv::kFusedDq, kv_units_of(a), stream);
   // dq_accumulator_sm90.cuh: a 128-thread block per 64-row query tile of every (b, q head).
   const std::string name = fmt::format("fva_sm90_dq_convert_{}_d{}", dtype_suffix(dtype), D);

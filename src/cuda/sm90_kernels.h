@@ -108,8 +108,14 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
                                     const Sm90DsChunks& chunks, void* ds_tiles, int32_t ds_q_tiles,
                                     int32_t ds_slots, void* stream);
 
-// The fused backward, prepared above, with `accumulator` (sm90_dq_accumulator_bytes of workspace):
-// zeroes it, runs dK/dV with dQ into it, converts it into a.dq.
+// Zeroes the fused backward's accumulator (sm90_dq_accumulator_bytes(B, Hq, Sq, D) of workspace).
+// Call it before the call's first kernel: a memset breaks the chain of programmatic launches
+// (kernel_images.h), so it goes where there is no chain yet to break.
+void sm90_fused_backward_reset(float* accumulator, int64_t B, int64_t Hq, int64_t Sq, int64_t D,
+                               void* stream);
+
+// The fused backward, prepared above, with `accumulator` (zeroed by sm90_fused_backward_reset):
+// runs dK/dV with dQ into it, converts it into a.dq.
 void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
                                 kern::Sm90BackwardParams& params, int64_t D, int32_t dtype,
                                 float* accumulator, void* stream);

@@ -58,44 +58,49 @@ kern::AttentionParams attention_params(const cpu::VsaProblem& p, const fva_tenso
 
 // The inverse's buffers, for `units` = B * H lists of num_q_blocks x max_k entries each.
 struct InverseBuffers {
-  int32_t *counts, *offsets, *cursor, *entries, *scattered;
+  kern::InvertChunking chunking;
+  int32_t *tally, *offsets, *entries;
 };
 InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t max_k,
                              WorkspaceCarver& c) {
   InverseBuffers b;
-  b.counts = c.take<int32_t>(static_cast<size_t>(units * nkv));
+  b.chunking = kern::invert_chunking(nqb, nkv, max_k);
+  b.tally = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nkv * b.chunking.num_chunks, 1)));
   b.offsets = c.take<int32_t>(static_cast<size_t>(units * (nkv + 1)));
-  b.cursor = c.take<int32_t>(static_cast<size_t>(units * nkv));
   b.entries = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nqb * max_k, 1)));
-  b.scattered = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nqb * max_k, 1)));
   return b;
 }
 
-// Launches steps 1-5 of kernels/vsa/vsa_invert.cu (and 6 when ip.k2q_idx is set).
+// Launches steps 1-3 of kernels/vsa/vsa_invert.cu (and 4 when ip.k2q_idx is set).
 void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuffers& b,
                    void* stream) {
-  ip.counts = b.counts;
+  ip.rows_per_chunk = b.chunking.rows_per_chunk;
+  ip.num_chunks = b.chunking.num_chunks;
+  ip.tally = b.tally;
   ip.offsets = b.offsets;
-  ip.cursor = b.cursor;
   ip.entries = b.entries;
-  ip.scattered = b.scattered;
   const int64_t units = static_cast<int64_t>(ip.B) * ip.H;
-  const int64_t per_kv = units * ip.lists.num_kv_blocks;
-  const int64_t per_entry = units * ip.lists.num_q_blocks * ip.lists.max_k;
+  const size_t window_bytes =
+      sizeof(int32_t) * static_cast<size_t>(std::min(ip.lists.num_kv_blocks, kern::kInvertKvWindow));
   Launch l;
+  l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
   l.block = 256;
-  l.grid_x = std::min<unsigned>(blocks_for(per_kv, 256), 65535u);
-  launch("vsa", "fva_vsa_invert_zero", h.device, l, stream, ip);
-  l.grid_x = blocks_for(per_entry, 256);
-  launch("vsa", "fva_vsa_invert_count", h.device, l, stream, ip);
-  l.grid_x = blocks_for(units * 32, 256);  // a warp per unit
+  l.smem = window_bytes;  // the counters
+  launch("vsa", "fva_vsa_invert_tally", h.device, l, stream, ip);
+  l.grid_x = static_cast<unsigned>(units);  // a block per unit
+  l.block = 1024;
+  l.smem = 0;
   launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
-  l.grid_x = blocks_for(per_entry, 256);
-  launch("vsa", "fva_vsa_invert_fill", h.device, l, stream, ip);
-  l.grid_x = blocks_for(per_kv * 32, 256);  // a warp per segment
-  launch("vsa", "fva_vsa_invert_sort", h.device, l, stream, ip);
-  l.grid_x = blocks_for(per_kv, 256);
-  if (ip.k2q_idx != nullptr) launch("vsa", "fva_vsa_invert_emit", h.device, l, stream, ip);
+  l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a warp per (unit, chunk)
+  l.block = 32;
+  l.smem = window_bytes + sizeof(int32_t) * kern::kInvertPlaceBatch;  // the cursors, the staged batch
+  launch("vsa", "fva_vsa_invert_place", h.device, l, stream, ip);
+  if (ip.k2q_idx != nullptr) {
+    l.grid_x = blocks_for(units * ip.lists.num_kv_blocks, 256);
+    l.block = 256;
+    l.smem = 0;
+    launch("vsa", "fva_vsa_invert_emit", h.device, l, stream, ip);
+  }
 }
 
 void require_index_size(int64_t units, int64_t nqb, int64_t max_k) {
@@ -215,8 +220,8 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
     ip.kv_order = buf.kv_order;
     ip.group = static_cast<int32_t>(p.Hq / p.Hkv);
     Launch l;
-    l.grid_x = static_cast<unsigned>(p.B * p.Hkv);
-    l.block = 1024;  // nkv^2 / 1024 comparisons per thread (5.8 us at 256 kv blocks: launch-bound)
+    l.block = 128;  // a thread per kv block, each ranked against all of its unit's
+    l.grid_x = static_cast<unsigned>(p.B * p.Hkv) * blocks_for(p.num_kv_blocks, l.block);
     launch("vsa", "fva_vsa_invert_order", h.device, l, stream, ip);
     a.vsa.kv_order = buf.kv_order;
   }

@@ -575,6 +575,24 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
   }
 }
 
+// The k2q inverse (kernels/vsa/vsa_invert.cu) cuts a unit's lists into chunks of consecutive q
+// blocks of about kern::kInvertChunkEntries entries, counted and placed chunk by chunk: lists long
+// enough for several chunks, of a length that is no multiple of 32 (the placing warp's steps then
+// straddle two rows), with every irregularity of make_vsa_inputs (duplicates among them).
+TEST_CASE("GPU VSA matches the CPU backend when the k2q inverse cuts the lists into several chunks") {
+  for (int rep = 0; rep < (quick() ? 1 : 2); ++rep) {
+    SUBCASE(("random #" + std::to_string(rep)).c_str()) {
+      VsaCase c = random_vsa_case();
+      c.Hkv = 1;
+      c.nqb = uniform(36, 44);
+      c.nkv = uniform(56, 72);
+      c.max_k = uniform(50, 55);  // 19-21 rows per chunk: two to three chunks
+      c.D = 64;
+      check_vsa_case(c);
+    }
+  }
+}
+
 // The sm_90a kernels walk a q2k list 32 entries at a time (VsaKeyTiles::Window): windows with no
 // usable entry at all (junk indices, empty blocks, indices past the kv blocks), a usable entry
 // right after such a window, lists longer than two windows with duplicates, a count past max_k,
