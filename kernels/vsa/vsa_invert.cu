@@ -32,11 +32,11 @@ __device__ __forceinline__ int64_t units(const InvertParams& p) {
   return static_cast<int64_t>(p.B) * p.H;
 }
 
-// The chunk a block works on, and its rows [row0, row_end) and entries (rows x max_k, row-major).
+// The chunk a block works on, and its rows [row0, row_end) and entries (rows x max_k, row-major;
+// fewer than 2^31: invert_chunking keeps a chunk near max(kInvertChunkEntries, num_kv_blocks)).
 struct Chunk {
   int64_t unit;
-  int chunk, row0, row_end;
-  int64_t num_entries;
+  int chunk, row0, row_end, num_entries;
 };
 __device__ __forceinline__ Chunk chunk_of_block(const InvertParams& p) {
   Chunk c;
@@ -44,32 +44,50 @@ __device__ __forceinline__ Chunk chunk_of_block(const InvertParams& p) {
   c.chunk = static_cast<int>(blockIdx.x % p.num_chunks);
   c.row0 = c.chunk * p.rows_per_chunk;
   c.row_end = min(c.row0 + p.rows_per_chunk, p.lists.num_q_blocks);
-  c.num_entries = static_cast<int64_t>(max(c.row_end - c.row0, 0)) * p.lists.max_k;
+  c.num_entries = max(c.row_end - c.row0, 0) * p.lists.max_k;
   return c;
 }
 
-// The kv block of entry e of the chunk (row row0 + e / max_k, slot e % max_k), or -1 where the
-// entry is not used: past the row's count, out of range, or (skip_empty_blocks) a kv block
-// without a real token.
-__device__ __forceinline__ int entry_kv(const InvertParams& p, const Chunk& c, int64_t e) {
+// The kv blocks of the chunk's entries e0 + j * stride, j < N (entry e: row row0 + e / max_k, slot
+// e % max_k), or -1 where an entry is not used: past the chunk, past its row's count, out of
+// range, or (skip_empty_blocks) a kv block without a real token. The loads go in three rounds
+// (the rows' counts, the entries, the blocks' sizes), each round's N loads in flight together:
+// one entry at a time, each round trip waiting for the last, made the inverse latency-bound.
+template <int N>
+__device__ __forceinline__ void entries_kv(const InvertParams& p, const Chunk& c, int e0,
+                                           int stride, int (&kv)[N]) {
   const fva::kern::VsaLists& v = p.lists;
-  const int qb = c.row0 + static_cast<int>(e / v.max_k);
-  const int slot = static_cast<int>(e % v.max_k);
   const int b = static_cast<int>(c.unit / p.H), h = static_cast<int>(c.unit % p.H);
-  const int n = v.q2k_num[b * v.num_stride_b + h * v.num_stride_h + qb * v.num_stride_qb];
-  if (slot >= min(max(n, 0), v.max_k)) return -1;
-  const int kv = v.q2k_idx[b * v.idx_stride_b + h * v.idx_stride_h + qb * v.idx_stride_qb + slot];
-  if (kv < 0 || kv >= v.num_kv_blocks) return -1;
-  if (p.skip_empty_blocks && fva::dev::vsa_block_tokens(v, kv) == 0) return -1;
-  return kv;
+  const int32_t* num = v.q2k_num + b * v.num_stride_b + h * v.num_stride_h;
+  const int32_t* idx = v.q2k_idx + b * v.idx_stride_b + h * v.idx_stride_h;
+  int qb[N], slot[N], n[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const int e = e0 + j * stride;
+    const bool inside = e < c.num_entries;
+    qb[j] = c.row0 + (inside ? e / v.max_k : 0);
+    slot[j] = inside ? e % v.max_k : 0;
+    n[j] = inside ? num[qb[j] * v.num_stride_qb] : 0;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    kv[j] = slot[j] < min(max(n[j], 0), v.max_k) ? idx[qb[j] * v.idx_stride_qb + slot[j]] : -1;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if (kv[j] < 0 || kv[j] >= v.num_kv_blocks) kv[j] = -1;
+    else if (p.skip_empty_blocks && fva::dev::vsa_block_tokens(v, kv[j]) == 0) kv[j] = -1;
+  }
 }
 
 }  // namespace
 
-// Step 1. Dynamic shared memory: min(num_kv_blocks, kInvertKvWindow) counters.
-extern "C" __global__ void fva_vsa_invert_tally(const InvertParams p) {
+// Step 1, a block of kInvertThreads per (unit, chunk). Dynamic shared memory:
+// min(num_kv_blocks, kInvertKvWindow) counters.
+extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
+    fva_vsa_invert_tally(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   extern __shared__ int32_t counts[];
+  constexpr int kPerThread = 4;
   const Chunk c = chunk_of_block(p);
   const int nkv = p.lists.num_kv_blocks;
   int32_t* tally = p.tally + c.unit * nkv * p.num_chunks + c.chunk;  // column c.chunk, stride num_chunks
@@ -77,9 +95,12 @@ extern "C" __global__ void fva_vsa_invert_tally(const InvertParams p) {
     const int width = min(kInvertKvWindow, nkv - k0);
     for (int k = threadIdx.x; k < width; k += blockDim.x) counts[k] = 0;
     __syncthreads();
-    for (int64_t e = threadIdx.x; e < c.num_entries; e += blockDim.x) {
-      const int kv = entry_kv(p, c, e) - k0;
-      if (kv >= 0 && kv < width) atomicAdd(&counts[kv], 1);
+    for (int e0 = 0; e0 < c.num_entries; e0 += kPerThread * blockDim.x) {
+      int kv[kPerThread];
+      entries_kv(p, c, e0 + threadIdx.x, blockDim.x, kv);
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j)
+        if (kv[j] >= k0 && kv[j] < k0 + width) atomicAdd(&counts[kv[j] - k0], 1);
     }
     __syncthreads();
     for (int k = threadIdx.x; k < width; k += blockDim.x)
@@ -89,11 +110,11 @@ extern "C" __global__ void fva_vsa_invert_tally(const InvertParams p) {
 }
 
 // Step 2, one block of kScanThreads per unit: an exclusive scan of the unit's tally, read as one
-// array of num_kv_blocks x num_chunks (kv-major), in tiles of kScanThreads x 4, a running total
-// carried between tiles.
+// array of num_kv_blocks x num_chunks (kv-major), in tiles of kScanThreads x kScanItems (the
+// tally at S=32768, H=8 in one tile), a running total carried between tiles.
 namespace {
 constexpr int kScanThreads = 1024;
-constexpr int kScanItems = 4;
+constexpr int kScanItems = 16;
 }  // namespace
 extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
@@ -151,52 +172,54 @@ extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(c
   if (threadIdx.x == 0) off[nkv] = carry;
 }
 
-// Step 3, one warp per (unit, chunk). Dynamic shared memory: min(num_kv_blocks, kInvertKvWindow)
-// cursors, then kInvertPlaceBatch staged kv blocks.
-extern "C" __global__ void __launch_bounds__(32) fva_vsa_invert_place(const InvertParams p) {
+// Step 3, a block of kInvertThreads per (unit, chunk): all its threads stage a batch of the
+// chunk's kv blocks in shared memory (their loads in flight together), then its first warp walks
+// the batch in order, 32 entries a step. Dynamic shared memory: min(num_kv_blocks,
+// kInvertKvWindow) cursors, then kInvertPlaceBatch staged kv blocks.
+extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
+    fva_vsa_invert_place(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   extern __shared__ int32_t place_smem[];
+  constexpr int kPerThread = kInvertPlaceBatch / fva::kern::kInvertThreads;
   const Chunk c = chunk_of_block(p);
-  const int nkv = p.lists.num_kv_blocks;
-  const int lane = threadIdx.x;
+  const int nkv = p.lists.num_kv_blocks, max_k = p.lists.max_k;
+  const int lane = threadIdx.x & 31;
   int32_t* cursor = place_smem;
   int32_t* staged = place_smem + min(nkv, kInvertKvWindow);
   const int32_t* start = p.tally + c.unit * nkv * p.num_chunks + c.chunk;
-  int32_t* out = p.entries + c.unit * p.lists.num_q_blocks * p.lists.max_k;
+  int32_t* out = p.entries + c.unit * p.lists.num_q_blocks * max_k;
   const unsigned below_me = (1u << lane) - 1u;
   for (int k0 = 0; k0 < nkv; k0 += kInvertKvWindow) {
     const int width = min(kInvertKvWindow, nkv - k0);
-    for (int k = lane; k < width; k += 32)
+    for (int k = threadIdx.x; k < width; k += blockDim.x)
       cursor[k] = start[static_cast<int64_t>(k0 + k) * p.num_chunks];
-    for (int64_t b0 = 0; b0 < c.num_entries; b0 += kInvertPlaceBatch) {
-      // Stage the batch's kv blocks (-1: not used, or outside this window): every lane's loads in
-      // flight at once, not one round trip per step of the ordered walk below.
-      const int64_t left = c.num_entries - b0;
-      const int batch = static_cast<int>(left < kInvertPlaceBatch ? left : kInvertPlaceBatch);
-      for (int i = lane; i < batch; i += 32) {
-        const int kv = entry_kv(p, c, b0 + i) - k0;
-        staged[i] = kv >= 0 && kv < width ? kv : -1;
-      }
-      __syncwarp();
-      for (int i0 = 0; i0 < batch; i0 += 32) {
-        const int i = i0 + lane;
-        const int kv = i < batch ? staged[i] : -1;
-        const unsigned same = __match_any_sync(0xffffffffu, kv);
-        int32_t base = 0;
-        if (kv >= 0) {
-          base = cursor[kv];
-          const int64_t e = b0 + i;
-          const int qb = c.row0 + static_cast<int>(e / p.lists.max_k);
-          const int slot = static_cast<int>(e % p.lists.max_k);
-          // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
-          out[base + __popc(same & below_me)] = qb << p.lists.slot_bits | slot;
+    for (int b0 = 0; b0 < c.num_entries; b0 += kInvertPlaceBatch) {
+      int kv[kPerThread];  // -1: not used, or outside this window
+      entries_kv(p, c, b0 + threadIdx.x, blockDim.x, kv);
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j)
+        staged[threadIdx.x + j * blockDim.x] = kv[j] >= k0 && kv[j] < k0 + width ? kv[j] - k0 : -1;
+      __syncthreads();
+      const int batch = min(kInvertPlaceBatch, c.num_entries - b0);
+      if (threadIdx.x < 32) {
+        for (int i0 = 0; i0 < batch; i0 += 32) {
+          const int i = i0 + lane;
+          const int k = i < batch ? staged[i] : -1;
+          const unsigned same = __match_any_sync(0xffffffffu, k);
+          int32_t base = 0;
+          if (k >= 0) {
+            base = cursor[k];
+            const int e = b0 + i;
+            // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
+            out[base + __popc(same & below_me)] = (c.row0 + e / max_k) << p.lists.slot_bits | e % max_k;
+          }
+          __syncwarp();  // every lane has read its cursor before the group's last lane moves it
+          if (k >= 0 && (same >> lane) == 1u) cursor[k] = base + __popc(same);
+          __syncwarp();
         }
-        __syncwarp();  // every lane has read its cursor before the group's last lane moves it
-        if (kv >= 0 && (same >> lane) == 1u) cursor[kv] = base + __popc(same);
-        __syncwarp();
       }
+      __syncthreads();  // the batch is walked before the next is staged
     }
-    __syncwarp();  // the cursors and the staging buffer are rewritten by the next window
   }
 }
 

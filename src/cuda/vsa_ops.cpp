@@ -84,15 +84,15 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
       sizeof(int32_t) * static_cast<size_t>(std::min(ip.lists.num_kv_blocks, kern::kInvertKvWindow));
   Launch l;
   l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
-  l.block = 256;
+  l.block = kern::kInvertThreads;
   l.smem = window_bytes;  // the counters
   launch("vsa", "fva_vsa_invert_tally", h.device, l, stream, ip);
   l.grid_x = static_cast<unsigned>(units);  // a block per unit
   l.block = 1024;
   l.smem = 0;
   launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
-  l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a warp per (unit, chunk)
-  l.block = 32;
+  l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
+  l.block = kern::kInvertThreads;
   l.smem = window_bytes + sizeof(int32_t) * kern::kInvertPlaceBatch;  // the cursors, the staged batch
   launch("vsa", "fva_vsa_invert_place", h.device, l, stream, ip);
   if (ip.k2q_idx != nullptr) {

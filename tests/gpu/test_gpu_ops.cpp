@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/kernel_params.h"
 #include "gpu/gpu_fixtures.h"
 #include "support/golden.h"
 
@@ -576,18 +577,23 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
 }
 
 // The k2q inverse (kernels/vsa/vsa_invert.cu) cuts a unit's lists into chunks of consecutive q
-// blocks of about kern::kInvertChunkEntries entries, counted and placed chunk by chunk: lists long
-// enough for several chunks, of a length that is no multiple of 32 (the placing warp's steps then
-// straddle two rows), with every irregularity of make_vsa_inputs (duplicates among them).
+// blocks (kern::invert_chunking), counted and placed chunk by chunk: lists long enough for two or
+// three chunks, the last one partial, of a length that is no multiple of 32 (the placing warp's
+// steps then straddle two rows), with every irregularity of make_vsa_inputs (duplicates among
+// them).
 TEST_CASE("GPU VSA matches the CPU backend when the k2q inverse cuts the lists into several chunks") {
   for (int rep = 0; rep < (quick() ? 1 : 2); ++rep) {
     SUBCASE(("random #" + std::to_string(rep)).c_str()) {
       VsaCase c = random_vsa_case();
       c.Hkv = 1;
-      c.nqb = uniform(36, 44);
+      c.Hq = uniform(1, 2);
       c.nkv = uniform(56, 72);
-      c.max_k = uniform(50, 55);  // 19-21 rows per chunk: two to three chunks
+      c.max_k = uniform(50, 55);
+      const int64_t rows = fva::kern::invert_chunking(1 << 20, c.nkv, c.max_k).rows_per_chunk;
+      c.nqb = rows + uniform(1, rows + 5);  // two chunks, or three with a short last one
       c.D = 64;
+      const fva::kern::InvertChunking chunking = fva::kern::invert_chunking(c.nqb, c.nkv, c.max_k);
+      REQUIRE(chunking.num_chunks >= 2);
       check_vsa_case(c);
     }
   }
