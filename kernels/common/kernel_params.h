@@ -176,11 +176,11 @@ constexpr int kVsaOrderMaxKvBlocks = 4096;
 // A chunk holds about kInvertChunkEntries list entries, or num_kv_blocks when that is more: the tally
 // (num_kv_blocks per chunk) then stays within the entries' own size plus one row of kv blocks.
 constexpr int kInvertChunkEntries = 2048;
-// The kv blocks whose counters or cursors one shared-memory pass holds (16 KiB); more kv blocks take
-// more passes over the chunk.
-constexpr int kInvertKvWindow = 4096;
-// The threads of the tally and place kernels' blocks, and the entries fva_vsa_invert_place stages in
-// shared memory before its first warp walks them in order (a whole chunk, mostly).
+// The kv blocks whose counters or cursors one shared-memory pass holds (8 KiB per array); more kv
+// blocks take more passes over the chunk.
+constexpr int kInvertKvWindow = 2048;
+// The threads of the tally and place kernels' blocks, and the entries fva_vsa_invert_place sorts
+// into its kv blocks' runs at a time (a whole chunk, mostly).
 constexpr int kInvertThreads = 256;
 constexpr int kInvertPlaceBatch = 2048;
 

@@ -6,10 +6,10 @@
 //   2. scan: one block per unit turns the tally, read kv-major, into exclusive prefix sums in
 //      place: where each (kv block, chunk) run starts in the unit's entries; a kv block's first
 //      run starts its segment (offsets);
-//   3. place: one warp per (unit, chunk) walks the chunk's entries in (row, slot) order, 32 at a
-//      time, and writes each, encoded as qb << slot_bits | slot (its q block and its place in that
-//      q block's list), at its kv block's cursor; lanes with the same kv block take consecutive
-//      places in lane order (__match_any_sync), so duplicates keep their slot order.
+//   3. place: one block per (unit, chunk) drops the chunk's entries into per-kv-block buckets in
+//      shared memory (in any order) and writes each, encoded as qb << slot_bits | slot (its q
+//      block and its place in that q block's list), at its run's start plus the number of
+//      entries of its bucket that precede it in (row, slot) order.
 // Every kv block's segment thus lists its entries by q block, then slot, ascending: the order the
 // encoding sorts to, whatever order the blocks ran in. Duplicates are kept (one term per listed
 // entry, like the CPU reference), each beside the list slot where the sm_90 backward stores the
@@ -109,26 +109,59 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
   }
 }
 
-// Step 2, one block of kScanThreads per unit: an exclusive scan of the unit's tally, read as one
-// array of num_kv_blocks x num_chunks (kv-major), in tiles of kScanThreads x kScanItems (the
-// tally at S=32768, H=8 in one tile), a running total carried between tiles.
 namespace {
+
+// Exclusive prefix sums over a block's threads, in thread order: returns the sum of the values of
+// the threads before this one, and sets *total to the block's sum. warp_sums: 32 ints of shared
+// memory. Every thread of the block calls it; blockDim.x is a multiple of 32.
+__device__ __forceinline__ int32_t block_exclusive_scan(int32_t value, int32_t* warp_sums,
+                                                        int32_t* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  int32_t inclusive = value;  // over the warp's threads
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {  // the warps' totals -> their exclusive bases, and the block's total
+    const int32_t w = lane < static_cast<int>(blockDim.x / 32) ? warp_sums[lane] : 0;
+    int32_t wi = w;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t up = __shfl_up_sync(0xffffffffu, wi, d);
+      if (lane >= d) wi += up;
+    }
+    warp_sums[lane] = wi - w;
+    if (lane == 31) *total = wi;
+  }
+  __syncthreads();
+  const int32_t result = warp_sums[warp] + inclusive - value;
+  __syncthreads();  // warp_sums and *total may be rewritten by the next call
+  return result;
+}
+
 constexpr int kScanThreads = 1024;
 constexpr int kScanItems = 16;
+
 }  // namespace
+
+// Step 2, one block of kScanThreads per unit: an exclusive scan of the unit's tally, read as one
+// array of num_kv_blocks x num_chunks (kv-major; fewer than 2^31 elements: invert_chunking), in
+// tiles of kScanThreads x kScanItems (the tally at S=32768, H=8 in one tile), a running total
+// carried between tiles.
 extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
-  __shared__ int32_t warp_base[kScanThreads / 32];
+  __shared__ int32_t warp_sums[32];
   __shared__ int32_t tile_total;
-  const int64_t unit = blockIdx.x;
-  const int nkv = p.lists.num_kv_blocks;
-  const int64_t n = static_cast<int64_t>(nkv) * p.num_chunks;
-  int32_t* a = p.tally + unit * n;
-  int32_t* off = p.offsets + unit * (nkv + 1);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int nkv = p.lists.num_kv_blocks, chunks = p.num_chunks;
+  const int n = nkv * chunks;
+  int32_t* a = p.tally + blockIdx.x * static_cast<int64_t>(n);
+  int32_t* off = p.offsets + blockIdx.x * static_cast<int64_t>(nkv + 1);
   int32_t carry = 0;  // the sum of the tiles before this one
-  for (int64_t t0 = 0; t0 < n; t0 += kScanThreads * kScanItems) {
-    const int64_t i0 = t0 + static_cast<int64_t>(threadIdx.x) * kScanItems;
+  for (int t0 = 0; t0 < n; t0 += kScanThreads * kScanItems) {
+    const int i0 = t0 + threadIdx.x * kScanItems;
     int32_t x[kScanItems];
     int32_t mine = 0;
 #pragma unroll
@@ -136,89 +169,96 @@ extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(c
       x[j] = i0 + j < n ? a[i0 + j] : 0;
       mine += x[j];
     }
-    int32_t inclusive = mine;  // over the warp's threads
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
-      if (lane >= d) inclusive += up;
-    }
-    if (lane == 31) warp_base[warp] = inclusive;
-    __syncthreads();
-    if (warp == 0) {  // the warps' totals -> their exclusive bases, and the tile's total
-      const int32_t w = warp_base[lane];
-      int32_t wi = w;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int32_t up = __shfl_up_sync(0xffffffffu, wi, d);
-        if (lane >= d) wi += up;
-      }
-      warp_base[lane] = wi - w;
-      if (lane == 31) tile_total = wi;
-    }
-    __syncthreads();
-    int32_t running = carry + warp_base[warp] + inclusive - mine;
+    int32_t running = carry + block_exclusive_scan(mine, warp_sums, &tile_total);
+    int chunk = i0 % chunks;  // one division per thread, then counted along
 #pragma unroll
     for (int j = 0; j < kScanItems; ++j) {
-      const int64_t i = i0 + j;
+      const int i = i0 + j;
       if (i < n) {
         a[i] = running;
-        if (i % p.num_chunks == 0) off[i / p.num_chunks] = running;  // the kv block's first run
+        if (chunk == 0) off[i / chunks] = running;  // the kv block's first run
       }
       running += x[j];
+      if (++chunk == chunks) chunk = 0;
     }
     carry += tile_total;
-    __syncthreads();  // warp_base and tile_total are rewritten by the next tile
+    __syncthreads();  // tile_total is rewritten by the next tile
   }
   if (threadIdx.x == 0) off[nkv] = carry;
 }
 
-// Step 3, a block of kInvertThreads per (unit, chunk): all its threads stage a batch of the
-// chunk's kv blocks in shared memory (their loads in flight together), then its first warp walks
-// the batch in order, 32 entries a step. Dynamic shared memory: min(num_kv_blocks,
-// kInvertKvWindow) cursors, then kInvertPlaceBatch staged kv blocks.
+// Step 3, a block of kInvertThreads per (unit, chunk), over batches of kInvertPlaceBatch of the
+// chunk's entries: every thread takes kPerThread entries (their loads in flight together) and
+// drops each, unordered, into its kv block's bucket in shared memory (counted by shared atomics,
+// the buckets laid out by a block scan of the counts); an entry's place in its kv block's run is
+// then the number of entries in its bucket that come before it in the chunk (buckets hold a few
+// entries: 2048 spread over the kv blocks). So the runs come out in (row, slot) order whatever
+// order the atomics ran in. (A warp walking the batch in order with __match_any_sync measured
+// 25-27 us per launch on the H200 at S=16384-32768; its steps serialize.) Dynamic shared memory:
+// counts, bucket bases and cursors, min(num_kv_blocks, kInvertKvWindow) each, then the buckets.
 extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
     fva_vsa_invert_place(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   extern __shared__ int32_t place_smem[];
+  __shared__ int32_t warp_sums[32];
+  __shared__ int32_t batch_total;
   constexpr int kPerThread = kInvertPlaceBatch / fva::kern::kInvertThreads;
   const Chunk c = chunk_of_block(p);
   const int nkv = p.lists.num_kv_blocks, max_k = p.lists.max_k;
-  const int lane = threadIdx.x & 31;
-  int32_t* cursor = place_smem;
-  int32_t* staged = place_smem + min(nkv, kInvertKvWindow);
+  const int window = min(nkv, kInvertKvWindow);
+  int32_t* count = place_smem;
+  int32_t* bucket_base = count + window;
+  int32_t* cursor = bucket_base + window;
+  int32_t* bucket = cursor + window;
   const int32_t* start = p.tally + c.unit * nkv * p.num_chunks + c.chunk;
   int32_t* out = p.entries + c.unit * p.lists.num_q_blocks * max_k;
-  const unsigned below_me = (1u << lane) - 1u;
+  // The counters this thread scans: [k_lo, k_hi) of the window.
+  const int per_thread = (window + blockDim.x - 1) / blockDim.x;
   for (int k0 = 0; k0 < nkv; k0 += kInvertKvWindow) {
     const int width = min(kInvertKvWindow, nkv - k0);
+    const int k_lo = min(static_cast<int>(threadIdx.x) * per_thread, width);
+    const int k_hi = min(k_lo + per_thread, width);
     for (int k = threadIdx.x; k < width; k += blockDim.x)
       cursor[k] = start[static_cast<int64_t>(k0 + k) * p.num_chunks];
     for (int b0 = 0; b0 < c.num_entries; b0 += kInvertPlaceBatch) {
-      int kv[kPerThread];  // -1: not used, or outside this window
+      int kv[kPerThread];
       entries_kv(p, c, b0 + threadIdx.x, blockDim.x, kv);
+      for (int k = threadIdx.x; k < width; k += blockDim.x) count[k] = 0;
+      __syncthreads();
+      int in_bucket[kPerThread];
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        kv[j] = kv[j] >= k0 && kv[j] < k0 + width ? kv[j] - k0 : -1;  // -1: not in this window
+        in_bucket[j] = kv[j] >= 0 ? atomicAdd(&count[kv[j]], 1) : 0;
+      }
+      __syncthreads();
+      int32_t mine = 0;
+      for (int k = k_lo; k < k_hi; ++k) mine += count[k];
+      int32_t base = block_exclusive_scan(mine, warp_sums, &batch_total);
+      for (int k = k_lo; k < k_hi; ++k) {
+        bucket_base[k] = base;
+        base += count[k];
+      }
+      __syncthreads();
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j)
-        staged[threadIdx.x + j * blockDim.x] = kv[j] >= k0 && kv[j] < k0 + width ? kv[j] - k0 : -1;
+        if (kv[j] >= 0) bucket[bucket_base[kv[j]] + in_bucket[j]] = threadIdx.x + j * blockDim.x;
       __syncthreads();
-      const int batch = min(kInvertPlaceBatch, c.num_entries - b0);
-      if (threadIdx.x < 32) {
-        for (int i0 = 0; i0 < batch; i0 += 32) {
-          const int i = i0 + lane;
-          const int k = i < batch ? staged[i] : -1;
-          const unsigned same = __match_any_sync(0xffffffffu, k);
-          int32_t base = 0;
-          if (k >= 0) {
-            base = cursor[k];
-            const int e = b0 + i;
-            // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
-            out[base + __popc(same & below_me)] = (c.row0 + e / max_k) << p.lists.slot_bits | e % max_k;
-          }
-          __syncwarp();  // every lane has read its cursor before the group's last lane moves it
-          if (k >= 0 && (same >> lane) == 1u) cursor[k] = base + __popc(same);
-          __syncwarp();
-        }
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        if (kv[j] < 0) continue;
+        const int i = threadIdx.x + j * blockDim.x;  // the entry's place in the batch
+        const int32_t* b = bucket + bucket_base[kv[j]];
+        const int n = count[kv[j]];
+        int rank = 0;
+        for (int x = 0; x < n; ++x) rank += b[x] < i;
+        const int e = b0 + i;
+        // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
+        out[cursor[kv[j]] + rank] = (c.row0 + e / max_k) << p.lists.slot_bits | e % max_k;
       }
-      __syncthreads();  // the batch is walked before the next is staged
+      __syncthreads();  // every entry placed before the cursors move
+      for (int k = threadIdx.x; k < width; k += blockDim.x) cursor[k] += count[k];
+      __syncthreads();  // the cursors moved before the next batch
     }
   }
 }

@@ -93,7 +93,7 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
   l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
   l.block = kern::kInvertThreads;
-  l.smem = window_bytes + sizeof(int32_t) * kern::kInvertPlaceBatch;  // the cursors, the staged batch
+  l.smem = 3 * window_bytes + sizeof(int32_t) * kern::kInvertPlaceBatch;  // counts, bases, cursors, buckets
   launch("vsa", "fva_vsa_invert_place", h.device, l, stream, ip);
   if (ip.k2q_idx != nullptr) {
     l.grid_x = blocks_for(units * ip.lists.num_kv_blocks, 256);
