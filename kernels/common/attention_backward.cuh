@@ -25,46 +25,95 @@ constexpr int kBwdThreads = 128;
 
 // ---- Delta = rowsum(o * dO), D / 8 lanes per row ----------------------------------------------
 
-// A lane's 8 elements with one 16-byte load of each tensor where both addresses allow it (a
-// dense row: the tensors' last dimension is contiguous), else element by element (row strides
-// that are not a multiple of 8 elements). The four memory passes of a warp per row it replaced
-// (2-byte loads, 64 bytes per warp instruction) moved o and dO at about half the DRAM's rate.
+// A lane's 8 elements with one 16-byte load of each tensor where the tensors allow it (16-byte
+// aligned bases, row strides in whole 8-element vectors: dense rows), else element by element.
+// The four memory passes of a warp per row this replaced (2-byte loads, 64 bytes per warp
+// instruction) moved o and dO at about half the DRAM's rate.
+//
+// The grid strides over the rows, kDeltaUnroll row groups per warp at a time with all their loads
+// issued before any product, so that a grid of a few blocks per SM (the VSA backward's, launched
+// first and left resident beside the k2q inverse: vsa_ops.cpp) still keeps enough bytes in flight
+// for the DRAM. A grid of one row group per warp (the QAT backward's) runs the loop once.
+// With p.delta_done set, each block adds 1 to it once its rows are written (the release that the
+// dK/dV block order's wait acquires, vsa/vsa_invert.cu).
+constexpr int kDeltaUnroll = 4;
+
 template <typename T, int D>
 __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) {
   using E = typename T::Storage;
   constexpr int kLanesPerRow = D / 8, kRowsPerWarp = 32 / kLanesPerRow;
   const int64_t rows = static_cast<int64_t>(p.B) * p.Hq * p.Sq;
   const int lane = threadIdx.x & 31;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int64_t row = warp * kRowsPerWarp + lane / kLanesPerRow;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t first_warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int col = (lane % kLanesPerRow) * 8;
-  float sum = 0.0f;
-  if (row < rows) {
+  const kern::Tensor4 &ot = p.o_for_bwd, &dt = p.dout;
+  const bool vectors =
+      ((reinterpret_cast<uintptr_t>(ot.data) | reinterpret_cast<uintptr_t>(dt.data)) & 15) == 0 &&
+      ((ot.stride_b | ot.stride_h | ot.stride_s | dt.stride_b | dt.stride_h | dt.stride_s) & 7) == 0;
+  // Element offsets of row `row`'s lane slice in o and dO.
+  auto offsets = [&](int64_t row, int64_t& oo, int64_t& od) {
     const int s = static_cast<int>(row % p.Sq);
     const int64_t bh = row / p.Sq;
     const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
-    const E* o = static_cast<const E*>(p.o_for_bwd.data) + b * p.o_for_bwd.stride_b +
-                 h * p.o_for_bwd.stride_h + s * p.o_for_bwd.stride_s + col;
-    const E* d = static_cast<const E*>(p.dout.data) + b * p.dout.stride_b + h * p.dout.stride_h +
-                 s * p.dout.stride_s + col;
-    if (((reinterpret_cast<uintptr_t>(o) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d);
-      const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+    oo = b * ot.stride_b + h * ot.stride_h + s * ot.stride_s + col;
+    od = b * dt.stride_b + h * dt.stride_h + s * dt.stride_s + col;
+  };
+  const E* o = static_cast<const E*>(ot.data);
+  const E* d = static_cast<const E*>(dt.data);
+  for (int64_t w0 = first_warp; w0 * kRowsPerWarp < rows; w0 += kDeltaUnroll * warps) {
+    int64_t row[kDeltaUnroll];
+    float sum[kDeltaUnroll];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        sum = fmaf(T::low(ow[i]), T::low(dw[i]), sum);
-        sum = fmaf(T::high(ow[i]), T::high(dw[i]), sum);
+    for (int u = 0; u < kDeltaUnroll; ++u) {
+      row[u] = (w0 + u * warps) * kRowsPerWarp + lane / kLanesPerRow;
+      sum[u] = 0.0f;
+    }
+    if (vectors) {
+      uint4 ov[kDeltaUnroll], dv[kDeltaUnroll];
+#pragma unroll
+      for (int u = 0; u < kDeltaUnroll; ++u) {  // every load in flight before the products
+        ov[u] = dv[u] = make_uint4(0, 0, 0, 0);
+        if (row[u] < rows) {
+          int64_t oo, od;
+          offsets(row[u], oo, od);
+          ov[u] = *reinterpret_cast<const uint4*>(o + oo);
+          dv[u] = *reinterpret_cast<const uint4*>(d + od);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kDeltaUnroll; ++u) {
+        const uint32_t ow[4] = {ov[u].x, ov[u].y, ov[u].z, ov[u].w};
+        const uint32_t dw[4] = {dv[u].x, dv[u].y, dv[u].z, dv[u].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          sum[u] = fmaf(T::low(ow[i]), T::low(dw[i]), sum[u]);
+          sum[u] = fmaf(T::high(ow[i]), T::high(dw[i]), sum[u]);
+        }
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sum = fmaf(T::to_float(o[i]), T::to_float(d[i]), sum);
+      for (int u = 0; u < kDeltaUnroll; ++u) {
+        if (row[u] >= rows) continue;
+        int64_t oo, od;
+        offsets(row[u], oo, od);
+        for (int i = 0; i < 8; ++i) sum[u] = fmaf(T::to_float(o[oo + i]), T::to_float(d[od + i]), sum[u]);
+      }
+    }
+    // Every lane takes part (rows past the end add zeros): the row's lanes are a power-of-two group.
+#pragma unroll
+    for (int u = 0; u < kDeltaUnroll; ++u) {
+#pragma unroll
+      for (int off = kLanesPerRow / 2; off > 0; off >>= 1)
+        sum[u] += __shfl_xor_sync(0xffffffffu, sum[u], off);
+      if (row[u] < rows && lane % kLanesPerRow == 0) p.delta[row[u]] = sum[u];
     }
   }
-  // Every lane takes part (rows past the end add zeros): the row's lanes are a power-of-two group.
-#pragma unroll
-  for (int off = kLanesPerRow / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (row < rows && lane % kLanesPerRow == 0) p.delta[row] = sum;
+  if (p.delta_done != nullptr) {
+    __threadfence();  // this thread's rows, visible at gpu scope before the count
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(p.delta_done, 1);
+  }
 }
 
 // The host sizes Delta's grid by kern::delta_rows_per_warp.

@@ -53,6 +53,9 @@ struct AttentionParams {
   Tensor4 o_for_bwd, dout;
   Tensor4 dq, dk, dv;
   float* delta;          // backward: [B, Hq, Sq] contiguous fp32 in the workspace
+  // Set when Delta runs beside the k2q inverse (VSA backward): the count of Delta's blocks that
+  // have written their rows, zeroed before the call's first kernel.
+  int32_t* delta_done;
   const float* k_mean;   // QAT smooth_k: [D] fp32 (dtype-rounded), null otherwise
   int32_t B, Hq, Hkv, Sq, Skv;
   float scale;           // softmax scale
@@ -210,6 +213,11 @@ struct InvertParams {
   // q heads.
   int32_t* kv_order;
   int32_t group;
+  // With kv_order: Delta's completion count (AttentionParams::delta_done) and the count it
+  // reaches, which fva_vsa_invert_order waits for before it exits, so that dK/dV, chained after
+  // it, reads a finished Delta (null: Delta runs later in the chain).
+  const int32_t* delta_done;
+  int32_t delta_blocks;
   // fva_vsa_invert_indices outputs (null for the backward's internal inverse)
   int32_t* k2q_idx;           // [B, H, num_kv_blocks, num_q_blocks]
   int64_t k2q_stride_b, k2q_stride_h, k2q_stride_kv;

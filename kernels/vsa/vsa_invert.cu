@@ -85,7 +85,11 @@ __device__ __forceinline__ void entries_kv(const InvertParams& p, const Chunk& c
 // min(num_kv_blocks, kInvertKvWindow) counters.
 extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
     fva_vsa_invert_tally(const InvertParams p) {
-  fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
+  // No wait for the kernel before it: the tally reads the call's inputs alone and writes a
+  // region no earlier kernel of the call touches. It is its call's first kernel, or (VSA
+  // backward) follows Delta, which was launched after everything before the call and which
+  // fva_vsa_invert_order waits for by its count (common/kernel_chain.cuh).
+  fva::dev::allow_next_kernel();
   extern __shared__ int32_t counts[];
   constexpr int kPerThread = 4;
   const Chunk c = chunk_of_block(p);
@@ -143,16 +147,23 @@ __device__ __forceinline__ int32_t block_exclusive_scan(int32_t value, int32_t* 
 }
 
 constexpr int kScanThreads = 1024;
-constexpr int kScanItems = 16;
+constexpr int kScanItems = 8;
+// A tile's element i sits at padded(i) in shared memory: one pad word per 32, so that a thread's
+// kScanItems consecutive elements and its warp's neighbours' fall in distinct banks.
+__device__ __forceinline__ int padded(int i) { return i + i / 32; }
 
 }  // namespace
 
 // Step 2, one block of kScanThreads per unit: an exclusive scan of the unit's tally, read as one
 // array of num_kv_blocks x num_chunks (kv-major; fewer than 2^31 elements: invert_chunking), in
-// tiles of kScanThreads x kScanItems (the tally at S=32768, H=8 in one tile), a running total
-// carried between tiles.
+// tiles of kScanThreads x kScanItems, a running total carried between tiles. A tile goes through
+// shared memory both ways, so that global loads and stores are coalesced while each thread scans
+// consecutive elements. (Each thread loading its own 16 consecutive elements from global memory,
+// a 64-byte stride across the warp, took 20 us at S=32768, H=8.)
 extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
+  constexpr int kTile = kScanThreads * kScanItems;
+  __shared__ int32_t tile[kTile + kTile / 32];
   __shared__ int32_t warp_sums[32];
   __shared__ int32_t tile_total;
   const int nkv = p.lists.num_kv_blocks, chunks = p.num_chunks;
@@ -160,29 +171,38 @@ extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(c
   int32_t* a = p.tally + blockIdx.x * static_cast<int64_t>(n);
   int32_t* off = p.offsets + blockIdx.x * static_cast<int64_t>(nkv + 1);
   int32_t carry = 0;  // the sum of the tiles before this one
-  for (int t0 = 0; t0 < n; t0 += kScanThreads * kScanItems) {
-    const int i0 = t0 + threadIdx.x * kScanItems;
+  for (int t0 = 0; t0 < n; t0 += kTile) {
+#pragma unroll
+    for (int j = 0; j < kScanItems; ++j) {  // coalesced, into shared memory
+      const int i = j * kScanThreads + threadIdx.x;
+      tile[padded(i)] = t0 + i < n ? a[t0 + i] : 0;
+    }
+    __syncthreads();
+    const int first = threadIdx.x * kScanItems;  // this thread's elements, within the tile
     int32_t x[kScanItems];
     int32_t mine = 0;
 #pragma unroll
     for (int j = 0; j < kScanItems; ++j) {
-      x[j] = i0 + j < n ? a[i0 + j] : 0;
+      x[j] = tile[padded(first + j)];
       mine += x[j];
     }
     int32_t running = carry + block_exclusive_scan(mine, warp_sums, &tile_total);
-    int chunk = i0 % chunks;  // one division per thread, then counted along
+    int chunk = (t0 + first) % chunks;  // one division per thread, then counted along
 #pragma unroll
     for (int j = 0; j < kScanItems; ++j) {
-      const int i = i0 + j;
-      if (i < n) {
-        a[i] = running;
-        if (chunk == 0) off[i / chunks] = running;  // the kv block's first run
-      }
+      tile[padded(first + j)] = running;
+      if (chunk == 0 && t0 + first + j < n) off[(t0 + first + j) / chunks] = running;  // first run
       running += x[j];
       if (++chunk == chunks) chunk = 0;
     }
     carry += tile_total;
-    __syncthreads();  // tile_total is rewritten by the next tile
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kScanItems; ++j) {  // coalesced, back
+      const int i = j * kScanThreads + threadIdx.x;
+      if (t0 + i < n) a[t0 + i] = tile[padded(i)];
+    }
+    __syncthreads();  // the tile and tile_total are rewritten by the next tile
   }
   if (threadIdx.x == 0) off[nkv] = carry;
 }
@@ -263,6 +283,26 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
   }
 }
 
+namespace {
+
+// Returns once `count` reaches `target`: the VSA backward's Delta, launched first and running
+// beside the inverse, counts its finished blocks there (common/attention_backward.cuh). The
+// acquire pairs with each block's fence before its count, and the fence after it orders what
+// this thread observed before its block's exit, so the dK/dV kernel chained after this one reads
+// a finished Delta. Every block of Delta was resident before the tally, and so this kernel, could
+// launch (the chain's rule, common/kernel_chain.cuh), so the wait ends.
+__device__ void wait_for_delta(const int32_t* count, int32_t target) {
+  int32_t seen;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+    if (seen >= target) break;
+    __nanosleep(256);
+  }
+  __threadfence();
+}
+
+}  // namespace
+
 // The backward's dK/dV block order, per (b, kv head) unit: its kv blocks by descending work (their
 // inverse lists' lengths, summed over the unit's `group` q heads), ties by index. The dK/dV
 // kernels walk a kv block's list in one block and their lists' lengths differ (random 25% lists:
@@ -272,7 +312,9 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
 // from shared memory, so the order is a deterministic function of the counts. The unit's kv
 // blocks are split over ceil(num_kv_blocks / blockDim) blocks of the grid (each loads all the
 // weights and ranks its slice): one block per unit left most SMs idle (13 us at 512 kv blocks).
-// The host launches it for at most kVsaOrderMaxKvBlocks kv blocks (the weights' array).
+// The host launches it for at most kVsaOrderMaxKvBlocks kv blocks (the weights' array). In the
+// backward it is the inverse's last kernel, and Delta runs beside the inverse (p.delta_done):
+// each block's thread 0 then holds the block's exit until Delta is done.
 extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   __shared__ int32_t work[fva::kern::kVsaOrderMaxKvBlocks];
@@ -290,15 +332,17 @@ extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
   }
   __syncthreads();
   const int kv = static_cast<int>(blockIdx.x % slices) * blockDim.x + threadIdx.x;
-  if (kv >= nkv) return;
-  const int32_t w = work[kv];
-  int rank = 0;
+  if (kv < nkv) {
+    const int32_t w = work[kv];
+    int rank = 0;
 #pragma unroll 8
-  for (int j = 0; j < nkv; ++j) {
-    const int32_t x = work[j];
-    rank += (x > w) || (x == w && j < kv);
+    for (int j = 0; j < nkv; ++j) {
+      const int32_t x = work[j];
+      rank += (x > w) || (x == w && j < kv);
+    }
+    p.kv_order[kv_unit * nkv + rank] = kv;
   }
-  p.kv_order[kv_unit * nkv + rank] = kv;
+  if (p.delta_done != nullptr && threadIdx.x == 0) wait_for_delta(p.delta_done, p.delta_blocks);
 }
 
 extern "C" __global__ void fva_vsa_invert_emit(const InvertParams p) {

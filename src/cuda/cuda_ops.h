@@ -51,9 +51,11 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream);
 
-// Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel).
-void launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64_t D, int32_t dtype,
-                  void* stream);
+// Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
+// row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.
+// Returns the grid's block count (what a.delta_done, when set, counts up to).
+unsigned launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64_t D, int32_t dtype,
+                      void* stream, unsigned max_blocks = 0);
 
 size_t vsa_invert_indices_workspace(const cpu::VsaIndexProblem& p);
 void vsa_invert_indices(const fva_handle& h, const cpu::VsaIndexProblem& p,

@@ -5,6 +5,7 @@
 //   |  backward: Delta, dQ kernel, dK/dV kernel (sm_90: the native one where it applies).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -299,13 +300,15 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   launch("qat", name.c_str(), h.device, l, stream, a);
 }
 
-void launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64_t D, int32_t dtype,
-                  void* stream) {
+unsigned launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64_t D, int32_t dtype,
+                      void* stream, unsigned max_blocks) {
   Launch l;  // 128 threads: 4 warps
   l.grid_x = blocks_for(static_cast<int64_t>(a.B) * a.Hq * a.Sq,
                         4 * kern::delta_rows_per_warp(static_cast<int>(D)));
+  if (max_blocks > 0) l.grid_x = std::min(l.grid_x, max_blocks);
   launch("prep", fmt::format("fva_delta_{}_d{}", dtype_suffix(dtype), D).c_str(), h.device, l,
          stream, a);
+  return l.grid_x;
 }
 
 void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor_t& q,

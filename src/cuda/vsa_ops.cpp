@@ -158,8 +158,14 @@ bool orders_kv_blocks(const cpu::VsaProblem& p) {
   return p.num_kv_blocks <= kern::kVsaOrderMaxKvBlocks;
 }
 
+// Delta's blocks per SM where it runs beside the k2q inverse: 512 of the SM's 2048 threads, so
+// the inverse's blocks still find room, and with kDeltaUnroll row groups in flight per warp
+// (common/attention_backward.cuh) enough loads for the DRAM.
+constexpr unsigned kDeltaBesideBlocksPerSm = 4;
+
 struct VsaBackwardBuffers {
   float* delta;
+  int32_t* delta_done;  // Delta's count of finished blocks, where it runs beside the inverse
   InverseBuffers inverse;
   int32_t* kv_order;  // [B * Hkv, num_kv_blocks], or null (orders_kv_blocks)
   void* ds_tiles;  // the stored-dS backward's tiles (sm90_ds_chunks), else null
@@ -172,6 +178,7 @@ VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, const Sm90DsChunks& 
   b.kv_order = orders_kv_blocks(p)
                    ? c.take<int32_t>(static_cast<size_t>(p.B * p.Hkv * p.num_kv_blocks))
                    : nullptr;
+  b.delta_done = orders_kv_blocks(p) ? c.take<int32_t>(1) : nullptr;
   b.ds_tiles = chunks.kv_units_per_chunk > 0 ? c.take<char>(chunks.bytes) : nullptr;
   return b;
 }
@@ -210,6 +217,17 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   ip.B = a.B;
   ip.H = a.Hq;
   ip.skip_empty_blocks = 1;  // blocks without a real token contribute nothing
+  if (buf.delta_done != nullptr) {
+    // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
+    // latency-bound): the block order, the last of them, holds its exit until Delta's count is
+    // full, so the dK/dV kernel chained after it reads a finished Delta (vsa/vsa_invert.cu).
+    memset_words(buf.delta_done, 0, 1, stream, "Delta's count");
+    a.delta_done = buf.delta_done;
+    ip.delta_done = buf.delta_done;
+    ip.delta_blocks = static_cast<int32_t>(launch_delta(
+        h, a, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
+    a.delta_done = nullptr;
+  }
   build_inverse(h, ip, buf.inverse, stream);
   a.vsa.inv_offsets = buf.inverse.offsets;
   a.vsa.inv_entries = buf.inverse.entries;
@@ -224,9 +242,9 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
     l.grid_x = static_cast<unsigned>(p.B * p.Hkv) * blocks_for(p.num_kv_blocks, l.block);
     launch("vsa", "fva_vsa_invert_order", h.device, l, stream, ip);
     a.vsa.kv_order = buf.kv_order;
+  } else {
+    launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
   }
-
-  launch_delta(h, a, p.D, q.dtype, stream);
 
   // sm_90: the Hopper-native dQ and dK/dV where they cover the call.
   kern::Sm90BackwardParams native;

@@ -599,6 +599,27 @@ TEST_CASE("GPU VSA matches the CPU backend when the k2q inverse cuts the lists i
   }
 }
 
+// The VSA backward runs Delta first, in a grid of four blocks per SM that strides over the rows
+// beside the k2q inverse, and the inverse's last kernel waits for Delta's count of finished
+// blocks (src/cuda/vsa_ops.cpp). Enough rows for two to three passes of that grid on the H200's
+// 132 SMs (16896 rows per pass at D = 128, 33792 at D = 64), the last one partial; short lists keep
+// the CPU reference quick. A Delta read before it is written reads the workspace's poison (NaN).
+TEST_CASE("GPU VSA backward: Delta over several passes of its grid, beside the k2q inverse") {
+  for (const int64_t D : {int64_t{128}, int64_t{64}}) {
+    SUBCASE(("D=" + std::to_string(D)).c_str()) {
+      VsaCase c = random_vsa_case();
+      c.B = 1;
+      c.Hkv = 2;
+      c.Hq = D == 128 ? 4 : 8;
+      c.nqb = uniform(150, 190);
+      c.nkv = uniform(12, 24);
+      c.max_k = uniform(1, 3);
+      c.D = D;
+      check_vsa_case(c);
+    }
+  }
+}
+
 // The sm_90a kernels walk a q2k list 32 entries at a time (VsaKeyTiles::Window): windows with no
 // usable entry at all (junk indices, empty blocks, indices past the kv blocks), a usable entry
 // right after such a window, lists longer than two windows with duplicates, a count past max_k,
