@@ -363,7 +363,10 @@ int cmd_bench(int argc, char** argv) {
           "             default; rows qat_*) or plain (quantize = 0: plain attention; rows plain_*)\n"
           "  --settle: seconds the GPU idles before each op (SDPA's too), so that each starts\n"
           "             from a rested card, not in the power state the ops before it left\n"
-          "             (the default, 0: the ops back to back, as a training step runs them)\n");
+          "             (the default, 0: the ops back to back, as a training step runs them)\n"
+          "SM MHz and W: NVML's SM clock and instantaneous board power over each op's timed calls\n"
+          "(medians); the driver refreshes both about every 100 ms, so an op that takes less\n"
+          "shows the reading from before it.\n");
       return 0;
     } else if (a == "--seq") {
       if (!parse_list(next(), &o.seqs)) return 2;
@@ -451,7 +454,9 @@ int cmd_bench(int argc, char** argv) {
              info.device_name, info.sm_major, info.sm_minor, info.image, o.B, o.H, o.D, o.iters,
              o.warmup, deterministic ? "deterministic" : "default (not deterministic)");
   // SM MHz and W: medians of NVML samples over the op's timed calls (the card lowers its clock
-  // when it reaches its power limit, so equal kernels can differ by their clocks).
+  // when it reaches its power limit, so equal kernels can differ by their clocks); W is the
+  // board's instantaneous power where the driver reports it (tools/gpu_clocks.h), and the JSON
+  // adds its maximum and its source.
   // A clock or power figure, or `missing` where NVML gave none.
   auto whole_or = [](double x, const char* missing) {
     return std::isnan(x) ? std::string(missing) : fmt::format("{:.0f}", x);
@@ -479,9 +484,12 @@ int cmd_bench(int argc, char** argv) {
       const Result& r = res[i];
       fmt::print(f,
                  "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}, "
-                 "\"sm_mhz_median\": {}, \"sm_mhz_min\": {}, \"power_w_median\": {}, \"clock_samples\": {}}}{}\n",
+                 "\"sm_mhz_median\": {}, \"sm_mhz_min\": {}, \"power_w_median\": {}, \"power_w_max\": {}, "
+                 "\"power_source\": {}, \"clock_samples\": {}}}{}\n",
                  r.op, r.S, r.ms, r.tflops, r.tflops_extra, whole_or(r.clocks.sm_mhz_median, "null"),
                  whole_or(r.clocks.sm_mhz_min, "null"), whole_or(r.clocks.watts_median, "null"),
+                 whole_or(r.clocks.watts_max, "null"),
+                 r.clocks.samples == 0 ? "null" : r.clocks.instant_power ? "\"instant\"" : "\"1s-average\"",
                  r.clocks.samples,
                  i + 1 < res.size() ? "," : "");
     }

@@ -3,6 +3,13 @@
 // samples). Why: the H200 caps its power at 700 W, and under a long backward it lowers the SM
 // clock from 1980 MHz to 1600-1700 (docs/perf.md, session 10), so a figure without its clock does
 // not say whether a kernel or the card's power state moved it. Only built when FVATTN_CUDA=ON.
+//
+// Power is the board's instantaneous reading (the NVML field NVML_FI_DEV_POWER_INSTANT) where the
+// driver has it. nvmlDeviceGetPowerUsage, the fallback, returns a trailing one-second average on
+// Ampere and later: for an op whose timed calls last a quarter of a second after `--settle`'s idle
+// it reported mostly the idle (130-300 W for ops that run the H200 at its 700 W limit). The
+// instantaneous field is itself refreshed only about every 100 ms on the H200 (as is the clock):
+// an op whose timed calls take less shows the reading from before it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,8 +27,9 @@ namespace fvtool {
 
 // What one sampled interval saw: medians and the lowest clock; NaN when nothing was sampled.
 struct ClockStats {
-  double sm_mhz_median = NAN, sm_mhz_min = NAN, watts_median = NAN;
+  double sm_mhz_median = NAN, sm_mhz_min = NAN, watts_median = NAN, watts_max = NAN;
   int samples = 0;
+  bool instant_power = false;  // watts from NVML_FI_DEV_POWER_INSTANT, else the 1 s average
 };
 
 class ClockSampler {
@@ -36,11 +44,14 @@ class ClockSampler {
     by_bus_ = reinterpret_cast<int (*)(const char*, void**)>(sym("nvmlDeviceGetHandleByPciBusId_v2"));
     clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(sym("nvmlDeviceGetClockInfo"));
     power_ = reinterpret_cast<int (*)(void*, unsigned*)>(sym("nvmlDeviceGetPowerUsage"));
+    fields_ = reinterpret_cast<int (*)(void*, int, FieldValue*)>(sym("nvmlDeviceGetFieldValues"));
     char bus[32] = {0};
     if (!init_ || !shutdown_ || !by_bus_ || !clock_ || !power_ || init_() != 0) return;
     initialized_ = true;
     if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) return;
     if (by_bus_(bus, &dev_) != 0) dev_ = nullptr;
+    unsigned mw = 0;
+    instant_ = dev_ != nullptr && instant_power(&mw);
   }
   ~ClockSampler() {
     stop();
@@ -64,7 +75,8 @@ class ClockSampler {
     thread_ = std::thread([this, period] {
       while (running_) {
         unsigned mhz = 0, mw = 0;
-        const bool ok = clock_(dev_, kNvmlClockSm, &mhz) == 0 && power_(dev_, &mw) == 0;
+        const bool ok = clock_(dev_, kNvmlClockSm, &mhz) == 0 &&
+                        (instant_ ? instant_power(&mw) : power_(dev_, &mw) == 0);
         if (ok) {
           std::lock_guard<std::mutex> lock(mu_);
           mhz_.push_back(mhz);
@@ -87,11 +99,34 @@ class ClockSampler {
     s.sm_mhz_median = median(mhz_);
     s.sm_mhz_min = *std::min_element(mhz_.begin(), mhz_.end());
     s.watts_median = median(watts_);
+    s.watts_max = *std::max_element(watts_.begin(), watts_.end());
+    s.instant_power = instant_;
     return s;
   }
 
  private:
   static constexpr int kNvmlClockSm = 1;  // NVML_CLOCK_SM
+  static constexpr unsigned kFieldPowerInstant = 186;  // NVML_FI_DEV_POWER_INSTANT, in mW
+  // nvmlFieldValue_t (nvml.h), whose layout NVML keeps stable: the value is a union of 8 bytes.
+  struct FieldValue {
+    unsigned field_id, scope_id;
+    long long timestamp, latency_us;
+    int value_type, result;
+    union {
+      double d;
+      unsigned ui;
+      unsigned long long ull;
+    } value;
+  };
+  static_assert(sizeof(FieldValue) == 40, "nvmlFieldValue_t is 40 bytes");
+  bool instant_power(unsigned* mw) const {
+    if (fields_ == nullptr) return false;
+    FieldValue v{};
+    v.field_id = kFieldPowerInstant;
+    if (fields_(dev_, 1, &v) != 0 || v.result != 0) return false;
+    *mw = v.value.ui;
+    return true;
+  }
   static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -104,6 +139,8 @@ class ClockSampler {
   int (*by_bus_)(const char*, void**) = nullptr;
   int (*clock_)(void*, int, unsigned*) = nullptr;
   int (*power_)(void*, unsigned*) = nullptr;
+  int (*fields_)(void*, int, FieldValue*) = nullptr;
+  bool instant_ = false;  // the instantaneous field answered when the sampler opened
   std::atomic<bool> running_{false};
   std::thread thread_;
   std::mutex mu_;
