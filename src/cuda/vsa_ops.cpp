@@ -178,7 +178,7 @@ VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, const Sm90DsChunks& 
   b.kv_order = orders_kv_blocks(p)
                    ? c.take<int32_t>(static_cast<size_t>(p.B * p.Hkv * p.num_kv_blocks))
                    : nullptr;
-  b.delta_done = orders_kv_blocks(p) ? c.take<int32_t>(1) : nullptr;
+  b.delta_done = b.kv_order != nullptr ? c.take<int32_t>(1) : nullptr;  // the order waits for it
   b.ds_tiles = chunks.kv_units_per_chunk > 0 ? c.take<char>(chunks.bytes) : nullptr;
   return b;
 }
@@ -222,11 +222,11 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
     // latency-bound): the block order, the last of them, holds its exit until Delta's count is
     // full, so the dK/dV kernel chained after it reads a finished Delta (vsa/vsa_invert.cu).
     memset_words(buf.delta_done, 0, 1, stream, "Delta's count");
-    a.delta_done = buf.delta_done;
+    kern::AttentionParams counted = a;
+    counted.delta_done = buf.delta_done;
     ip.delta_done = buf.delta_done;
     ip.delta_blocks = static_cast<int32_t>(launch_delta(
-        h, a, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
-    a.delta_done = nullptr;
+        h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
   }
   build_inverse(h, ip, buf.inverse, stream);
   a.vsa.inv_offsets = buf.inverse.offsets;

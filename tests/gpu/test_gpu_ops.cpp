@@ -578,9 +578,9 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
 
 // The k2q inverse (kernels/vsa/vsa_invert.cu) cuts a unit's lists into chunks of consecutive q
 // blocks (kern::invert_chunking), counted and placed chunk by chunk: lists long enough for two or
-// three chunks, the last one partial, of a length that is no multiple of 32 (the placing warp's
-// steps then straddle two rows), with every irregularity of make_vsa_inputs (duplicates among
-// them).
+// three chunks, the last one partial, of a length that is no multiple of 32 (the tally's and
+// place's per-thread strides then straddle rows), with every irregularity of make_vsa_inputs
+// (duplicates among them).
 TEST_CASE("GPU VSA matches the CPU backend when the k2q inverse cuts the lists into several chunks") {
   for (int rep = 0; rep < (quick() ? 1 : 2); ++rep) {
     SUBCASE(("random #" + std::to_string(rep)).c_str()) {
