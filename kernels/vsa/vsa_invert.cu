@@ -116,10 +116,11 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
 namespace {
 
 // Exclusive prefix sums over a block's threads, in thread order: returns the sum of the values of
-// the threads before this one, and sets *total to the block's sum. warp_sums: 32 ints of shared
-// memory. Every thread of the block calls it; blockDim.x is a multiple of 32.
+// the threads before this one, and sets *total (shared memory; nullptr: not wanted) to the block's
+// sum. warp_sums: 32 ints of shared memory. Every thread of the block calls it; blockDim.x is a
+// multiple of 32.
 __device__ __forceinline__ int32_t block_exclusive_scan(int32_t value, int32_t* warp_sums,
-                                                        int32_t* total) {
+                                                        int32_t* total = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   int32_t inclusive = value;  // over the warp's threads
 #pragma unroll
@@ -138,7 +139,7 @@ __device__ __forceinline__ int32_t block_exclusive_scan(int32_t value, int32_t* 
       if (lane >= d) wi += up;
     }
     warp_sums[lane] = wi - w;
-    if (lane == 31) *total = wi;
+    if (lane == 31 && total != nullptr) *total = wi;
   }
   __syncthreads();
   const int32_t result = warp_sums[warp] + inclusive - value;
@@ -221,7 +222,6 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
   fva::dev::enter_kernel_chain();  // common/kernel_chain.cuh
   extern __shared__ int32_t place_smem[];
   __shared__ int32_t warp_sums[32];
-  __shared__ int32_t batch_total;
   constexpr int kPerThread = kInvertPlaceBatch / fva::kern::kInvertThreads;
   const Chunk c = chunk_of_block(p);
   const int nkv = p.lists.num_kv_blocks, max_k = p.lists.max_k;
@@ -254,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
       __syncthreads();
       int32_t mine = 0;
       for (int k = k_lo; k < k_hi; ++k) mine += count[k];
-      int32_t base = block_exclusive_scan(mine, warp_sums, &batch_total);
+      int32_t base = block_exclusive_scan(mine, warp_sums);  // the buckets' bases
       for (int k = k_lo; k < k_hi; ++k) {
         bucket_base[k] = base;
         base += count[k];
