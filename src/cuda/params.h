@@ -23,6 +23,21 @@ inline kern::Tensor4 contiguous4(void* data, int64_t H, int64_t S, int64_t D) {
   return {data, H * S * D, S * D, D};
 }
 
+// The backward's own tensors (both ops): the output its Delta reads, dO, lse, the gradients, and
+// Delta's buffer in the workspace.
+inline void set_backward_tensors(kern::AttentionParams& a, const fva_tensor_t& o_for_bwd,
+                                 const fva_tensor_t& dout, const fva_tensor_t& lse,
+                                 const fva_tensor_t& dq, const fva_tensor_t& dk,
+                                 const fva_tensor_t& dv, float* delta) {
+  a.o_for_bwd = tensor4(o_for_bwd);
+  a.dout = tensor4(dout);
+  a.lse = tensor3(lse);
+  a.dq = tensor4(dq);
+  a.dk = tensor4(dk);
+  a.dv = tensor4(dv);
+  a.delta = delta;
+}
+
 // Sub-buffers of the caller's workspace, each on a 64-byte boundary from the aligned base. Used
 // twice per operation: once to size the workspace (base null), once to place the buffers.
 class WorkspaceCarver {

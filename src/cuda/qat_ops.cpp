@@ -328,13 +328,7 @@ void qat_backward(const fva_handle& h, const cpu::QatProblem& p, const fva_tenso
   if (buf.dq_accumulator != nullptr)
     sm90_fused_backward_reset(buf.dq_accumulator, p.B, p.Hq, p.Sq, p.D, stream);
   fill_prepared(h, p, quantize, prep, buf, a, q, k, v, false, stream);
-  a.o_for_bwd = tensor4(o_for_bwd);
-  a.dout = tensor4(dout);
-  a.lse = tensor3(lse);
-  a.dq = tensor4(dq);
-  a.dk = tensor4(dk);
-  a.dv = tensor4(dv);
-  a.delta = buf.delta;
+  set_backward_tensors(a, o_for_bwd, dout, lse, dq, dk, dv, buf.delta);
   a.quantize_p = backward_quantizes_p(p) ? 1 : 0;
   const char* sfx = dtype_suffix(q.dtype);
 

@@ -203,13 +203,7 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   const Sm90DsChunks chunks = ds_chunks(h, p);
   const VsaBackwardBuffers buf = carve_backward(p, chunks, c);
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
-  a.o_for_bwd = tensor4(o);
-  a.dout = tensor4(dout);
-  a.lse = tensor3(lse);
-  a.dq = tensor4(dq);
-  a.dk = tensor4(dk);
-  a.dv = tensor4(dv);
-  a.delta = buf.delta;
+  set_backward_tensors(a, o, dout, lse, dq, dk, dv, buf.delta);
   const char* sfx = dtype_suffix(q.dtype);
 
   kern::InvertParams ip{};
