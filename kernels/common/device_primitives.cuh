@@ -120,6 +120,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+// Brings the 128-byte line holding `p` into this SM's L1 (no register, no wait): for a small
+// global read a kernel knows it will make much later, so that the read itself then hits the L1.
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 // Barrier over `threads` threads (a multiple of 32) with hardware barrier `id` (1..15; 0 is
 // __syncthreads): lets a pair of warps exchange values without stopping the whole block. The
 // "memory" clobber keeps the compiler from moving shared-memory accesses across it (the values

@@ -94,21 +94,22 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   // (Schedule::Window: VSA's list from registers, no dependent global loads per tile); warp 0 has
   // a second one, kStages tiles ahead, for the loads: a copy of the first, so the list is read
   // once.
+  // (A window's pop reads the list's next 32 entries and their blocks' sizes once every 32 tiles,
+  // two dependent L2 round trips: both windows pop while a product runs, so that wait overlaps
+  // it. Every warp must issue each product, so a warp's stall before one holds the block.)
   typename Schedule::Window compute(sched);
   typename Schedule::Window loads = compute;
-  auto to_load = loads.pop();
   const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;  // warp-uniform, as ptxas sees it
-  auto load = [&](int stage) {
+  auto load = [&](int stage, const typename Schedule::Window::Tile& tile) {
     if (lane == 0) {
       mbar_arrive_expect_tx(ring.full(stage), L::kStageBytes);
       for (int r = 0; r < L::kRegions; ++r)
         tma_load_4d(ring.k_tile(stage) + r * L::kRegionBytes, &P.k, ring.full(stage), 64 * r,
-                    to_load.key0(), hk, b);
+                    tile.key0(), hk, b);
       bulk_load(ring.ds_tile(stage),
-                ds_tiles + static_cast<int64_t>(to_load.index) * (L::kDsBytes / 16), L::kDsBytes,
+                ds_tiles + static_cast<int64_t>(tile.index) * (L::kDsBytes / 16), L::kDsBytes,
                 ring.full(stage));
     }
-    to_load = loads.pop();
   };
   if (loader) {
     if (lane == 0) {
@@ -117,7 +118,11 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
       tma_prefetch_descriptor(&P.k);
     }
     __syncwarp();
-    for (int s = 0; s < kStages && to_load.valid(); ++s) load(s);
+    for (int s = 0; s < kStages; ++s) {
+      const auto first = loads.pop();
+      if (!first.valid()) break;
+      load(s, first);
+    }
   }
   __syncthreads();
 
@@ -129,7 +134,7 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   float ds_sum[2] = {0.0f, 0.0f};  // rowsum(dS) of the thread's two rows (QAT smooth-K)
   const bool row_sums = p.k_mean != nullptr;
   int n = 0;  // tiles consumed: tile n sits in stage n % kStages, its phase's parity (n / kStages) & 1
-  for (auto tile = compute.pop(); tile.valid(); tile = compute.pop(), ++n) {
+  for (auto tile = compute.pop(); tile.valid(); ++n) {
     const int stage = n % kStages;
     mbar_wait(ring.full(stage), (n / kStages) & 1);
     load_ds_fragments(ring.ds_tile(stage), warp, lane, a_ds);
@@ -146,9 +151,19 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
       const int n_valid = tile.tokens();
       if (n_valid < 64) zero_tile_rows<L::kRegions>(ring.k_tile(stage), n_valid, tid);
     }
-    wgmma_rs_tile_complete<T, D>(dq, a_ds, ring.k_tile(stage));
+    wgmma_fence();
+    wgmma_rs_tile_steps<T, D>(dq, a_ds, ring.k_tile(stage));
+    wgmma_commit();
+    const auto next = compute.pop();  // (the pops while the product runs, as above)
+    // The loader's tile kStages on, into this stage once it is read (the other warps' copy of
+    // `next` stands in: they never load).
+    const auto refill = loader ? loads.pop() : next;
+    wgmma_wait<0>();
+    fence_registers(dq);
+    keep_operands_alive(a_ds);
     warpgroup_sync();  // every warp's product has read the stage
-    if (loader && to_load.valid()) load(stage);
+    if (loader && refill.valid()) load(stage, refill);
+    tile = next;
   }
 
   store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);

@@ -11,6 +11,7 @@
 
 #include <math_constants.h>
 
+#include "common/device_primitives.cuh"
 #include "common/kernel_params.h"
 
 namespace fva::dev {
@@ -91,6 +92,11 @@ struct VsaKeyTiles {
       }
       packed = code;
       usable = __ballot_sync(0xffffffffu, code != 0u);
+      // The next window's entries into the L1 now: its read, 32 tiles later in pop(), then finds
+      // them there instead of making two dependent round trips to the L2 (the entry, then its
+      // block's size, whose few lines every warp of the SM reads and keeps in the L1) while the
+      // warp's next product waits for it.
+      if (i + 32 < keys.count) prefetch_l1(keys.list + i + 32);
     }
     // The next tile of the list (invalid once it is done).
     __device__ __forceinline__ Tile pop() {

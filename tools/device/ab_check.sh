@@ -20,8 +20,9 @@
 #   timed by tools/device/kernel_times.sh at each of KERNEL_TIMES_SEQ (default 16384) after the
 #   A/B, and summary.txt ends with the median per kernel of each), TIMELINE (optional, sequence lengths, e.g. "16384 32768": then
 #   the VSA forward's timeline probe, tools/device/vsa_fwd_timeline.cu, runs on both trees at those
-#   lengths at 25% density, and on this one again with its traced tiles' steps, -DFVA_TRACE_TILES;
-#   its output ends summary.txt).
+#   lengths at 25% density, and on both again with their traced tiles' steps, -DFVA_TRACE_TILES
+#   and TIMELINE_FLAGS (e.g. -DFVA_TRACED_FROM=29: other entries of the list); its output ends
+#   summary.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab-check}
 mkdir -p "$OUT"
@@ -114,7 +115,8 @@ PY
   done
 fi
 if [ -n "${TIMELINE:-}" ]; then
-  for run in ".:" "$base_dir:" ".:-DFVA_TRACE_TILES"; do
+  traced="-DFVA_TRACE_TILES ${TIMELINE_FLAGS:-}"
+  for run in ".:" "$base_dir:" ".:$traced" "$base_dir:$traced"; do
     tree=${run%%:*} flags=${run#*:}
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I "$tree/kernels" \
       -o "$work/timeline" tools/device/vsa_fwd_timeline.cu -lcuda > "$work/timeline-build.log" 2>&1 ||

@@ -50,12 +50,24 @@ __device__ uint64_t* g_wall;
   } while (0)
 
 // With -DFVA_TRACE_TILES only (the steps' traces cost the kernel about 6% per tile, session 23):
-// six words per traced tile (the list's entries 0, 1, 2 and 24 of each block), clock64 at the
+// six words per traced tile (the list's entries 0, 1, 2 and 24 of each block, or the four from
+// FVA_TRACED_FROM), clock64 at the
 // tile's steps 0-5 (FVA_VSA_FWD_TILE_TRACE: top, K landed, S done, softmax done, V landed, P·V
 // done).
+// -DFVA_TRACED_FROM=n traces entries n .. n + 3 instead (e.g. 29: the list window's switch,
+// VsaKeyTiles::Window, reads entries 32-63 in the pop at the top of entry 31). (A number, not a
+// list: nvcc splits its options at commas.)
+#ifdef FVA_TRACED_FROM
+#define FVA_TRACED_ENTRIES FVA_TRACED_FROM, FVA_TRACED_FROM + 1, FVA_TRACED_FROM + 2, FVA_TRACED_FROM + 3
+#else
+#define FVA_TRACED_ENTRIES 0, 1, 2, 24
+#endif
 __device__ uint64_t* g_tiles;
 __device__ __forceinline__ int traced_tile_slot(int index) {
-  return index < 3 ? index : index == 24 ? 3 : -1;
+  constexpr int traced[4] = {FVA_TRACED_ENTRIES};
+  for (int k = 0; k < 4; ++k)
+    if (index == traced[k]) return k;
+  return -1;
 }
 #ifdef FVA_TRACE_TILES
 #define FVA_VSA_FWD_TILE_TRACE(event, index)                                           \
@@ -203,7 +215,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpyToSymbol(g_wall, &wall, sizeof wall));
   uint64_t* tiles;
   CK(cudaMalloc(&tiles, blocks * 24 * 8));
-  CK(cudaMemset(tiles, 0, blocks * 24 * 8));  // 0: not reached (a list shorter than 25)
+  CK(cudaMemset(tiles, 0, blocks * 24 * 8));  // 0: not reached (a list too short)
   CK(cudaMemcpyToSymbol(g_tiles, &tiles, sizeof tiles));
   const int smem = fva::kern::sm90_compact_smem_bytes(kD, 3, true);
   CK(cudaFuncSetAttribute(vsa_fwd_traced, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -268,7 +280,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(tt.data(), tiles, tt.size() * 8, cudaMemcpyDeviceToHost));
   std::printf("  traced tiles, p50 cycles: %8s %8s %8s %8s %8s %8s\n", "top->K", "K->S", "S->smax",
               "smax->V", "V->PV", "whole");
-  const int traced[4] = {0, 1, 2, 24};
+  const int traced[4] = {FVA_TRACED_ENTRIES};
   for (int k = 0; k < 4; ++k) {
     std::vector<double> step[6];
     for (size_t b = 0; b < blocks; ++b) {
