@@ -51,9 +51,8 @@ __device__ uint64_t* g_wall;
 
 // With -DFVA_TRACE_TILES only (the steps' traces cost the kernel about 6% per tile, session 23):
 // six words per traced tile (the list's entries 0, 1, 2 and 24 of each block, or the four from
-// FVA_TRACED_FROM), clock64 at the
-// tile's steps 0-5 (FVA_VSA_FWD_TILE_TRACE: top, K landed, S done, softmax done, V landed, P·V
-// done).
+// FVA_TRACED_FROM), clock64 at the tile's steps 0-5 (FVA_VSA_FWD_TILE_TRACE: top, K landed, S
+// done, softmax done, V landed, P·V done).
 // -DFVA_TRACED_FROM=n traces entries n .. n + 3 instead (e.g. 29: the list window's switch,
 // VsaKeyTiles::Window, reads entries 32-63 in the pop at the top of entry 31). (A number, not a
 // list: nvcc splits its options at commas.)
