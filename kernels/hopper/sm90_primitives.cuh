@@ -244,6 +244,13 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("" : "+r"(x));
   return x;
 }
+// The same for a 64-bit value (a descriptor). Volatile, it also stays in order with the other
+// volatile asm (a barrier, a wait): a descriptor made opaque before a barrier is computed there,
+// not rebuilt after it.
+__device__ __forceinline__ uint64_t opaque64(uint64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -547,19 +554,28 @@ __device__ __forceinline__ void wgmma_ss_chain(float (&d)[N / 2], uint64_t a_des
     wgmma_ss<T, N>(d, a_desc, b_desc, 1);
 }
 
+// The descriptor of a K-major 64-row tile, as wgmma_tiles_abt reads it.
+__device__ __forceinline__ uint64_t tile_abt_descriptor(uint32_t tile) {
+  return smem_descriptor(tile, 16, 1024);
+}
 // d = A Bᵀ over D for two 64-row tiles in shared memory, both K-major (64 rows x D, in D / 64
 // swizzled 64-column regions of 8192 bytes): D / 16 k16 steps, 32 bytes apart within a 128-byte
 // row, 4 steps per region. S = Q Kᵀ and dP = dO Vᵀ (forward, dQ), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (dK/dV).
+// From the tiles' descriptors (a caller that builds them ahead: the QAT forward, outside its
+// turn), or from their addresses.
 template <typename T, int D>
-__device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile, uint32_t b_tile) {
-  const uint64_t a_desc = smem_descriptor(a_tile, 16, 1024);
-  const uint64_t b_desc = smem_descriptor(b_tile, 16, 1024);
+__device__ __forceinline__ void wgmma_tiles_abt_desc(float (&d)[32], uint64_t a_desc,
+                                                     uint64_t b_desc) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t offset = (kk / 4) * (64 * 128) + (kk % 4) * 32;
     wgmma_ss_chain<T, 64>(d, smem_descriptor_advance(a_desc, offset),
                           smem_descriptor_advance(b_desc, offset), kk);
   }
+}
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile, uint32_t b_tile) {
+  wgmma_tiles_abt_desc<T, D>(d, tile_abt_descriptor(a_tile), tile_abt_descriptor(b_tile));
 }
 
 // A operands in registers are read by the tensor cores after the issuing wgmma instruction: each
