@@ -313,10 +313,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   [[maybe_unused]] auto issue_dq = [&](int index) {
     const int u = index & 1;
     mbar_wait(ds_full(u), (index >> 1) & 1);
-    const uint64_t ds_desc = smem_descriptor(ds_region(u, 0), L::kRegionBytes, 1024);
-    const uint64_t ones_desc = smem_descriptor(base + L::kOnes, L::kRegionBytes, 1024);
+    const uint64_t ds_desc = mnmajor_tile_descriptor(ds_region(u, 0));
+    const uint64_t ones_desc = mnmajor_tile_descriptor(base + L::kOnes);
     const uint64_t k_desc =
-        smem_descriptor(base + L::kK + consumer * L::kRegionBytes, L::kRegionBytes, 1024);
+        mnmajor_tile_descriptor(base + L::kK + consumer * L::kRegionBytes);
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < 4 * kConsumers; ++step) {
@@ -442,10 +442,10 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
     // Fused: dSᵀ, the A operand of dK, comes from the shared-memory tile dQ reads (K-major: the 4
     // k16 steps are 32 bytes apart in its 128-byte rows), which frees its registers.
     auto issue_dv_dk = [&] {
-      const uint64_t do_desc = smem_descriptor(do_tile(stage), L::kRegionBytes, 1024);
-      const uint64_t q_desc = smem_descriptor(q_tile(stage), L::kRegionBytes, 1024);
+      const uint64_t do_desc = mnmajor_tile_descriptor(do_tile(stage));
+      const uint64_t q_desc = mnmajor_tile_descriptor(q_tile(stage));
       [[maybe_unused]] const uint64_t ds_desc =
-          smem_descriptor(ds_region(done & 1, consumer), 16, 1024);
+          kmajor_tile_descriptor(ds_region(done & 1, consumer));
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < 4; ++step) {

@@ -167,7 +167,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     if (n_valid < 64)
       zero_tile_rows<L::kRegions>(opaque(v_tile), n_valid, static_cast<int>(opaque(tid)));
     {  // [o | l] += P·[V | ones]: the tile's 4 k16 steps (16 keys, 2048 bytes of V each)
-      const uint64_t v_desc = smem_descriptor(v_tile, L::kRegionBytes, 1024);
+      const uint64_t v_desc = mnmajor_tile_descriptor(v_tile);
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < 4; ++step)

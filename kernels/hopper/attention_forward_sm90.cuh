@@ -216,13 +216,12 @@ __device__ __forceinline__ void attention_forward_sm90(const kern::Sm90ForwardPa
   // after the turn's barrier, a chain of dependent uniform instructions before the first wgmma
   // while the other consumer waited for the turn; the loop builds them before the tile's K wait,
   // and its turn starts with 4 moves and the wgmma fence (SASS, session 35).
-  const uint64_t q_desc = opaque64(tile_abt_descriptor(q_tile));
+  const uint64_t q_desc = opaque64(kmajor_tile_descriptor(q_tile));
   auto k_desc = [&](int st) {
-    return opaque64(tile_abt_descriptor(ring.k_tile(__shfl_sync(0xffffffffu, st, 0))));
+    return opaque64(kmajor_tile_descriptor(ring.k_tile(__shfl_sync(0xffffffffu, st, 0))));
   };
   auto v_desc = [&](int st) {
-    return opaque64(
-        smem_descriptor(ring.v_tile(__shfl_sync(0xffffffffu, st, 0)), L::kRegionBytes, 1024));
+    return opaque64(mnmajor_tile_descriptor(ring.v_tile(__shfl_sync(0xffffffffu, st, 0))));
   };
   auto keep_alive = [&]() {
     keep_operands_alive(a_hp);

@@ -220,6 +220,17 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t lbo_
          (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+// The two ways the kernels read a 64-row tile of 16-bit elements (64 columns per 8 KiB region, the
+// 128-byte swizzle, 8-row groups 1024 bytes apart):
+//   K-major: the k16 steps run along a row, 32 bytes apart (S = Q Kᵀ's operands, dS as dK's A);
+//   MN-major: the k16 steps run down the rows, 2048 bytes apart, the next 64 columns in the next
+//   region (V in P·V, dO and Q in dK/dV, K in dQ).
+__device__ __forceinline__ uint64_t kmajor_tile_descriptor(uint32_t tile) {
+  return smem_descriptor(tile, 16, 1024);
+}
+__device__ __forceinline__ uint64_t mnmajor_tile_descriptor(uint32_t tile) {
+  return smem_descriptor(tile, 64 * 128, 1024);
+}
 // The descriptor of the address `bytes` further: the start address field (bits 0-13) holds the
 // address / 16, and shared-memory addresses stay below 2^18 bytes, so the field cannot overflow and
 // one add does it. Deriving a tile's k-step descriptors from one base this way costs an add each,
@@ -554,10 +565,6 @@ __device__ __forceinline__ void wgmma_ss_chain(float (&d)[N / 2], uint64_t a_des
     wgmma_ss<T, N>(d, a_desc, b_desc, 1);
 }
 
-// The descriptor of a K-major 64-row tile, as wgmma_tiles_abt reads it.
-__device__ __forceinline__ uint64_t tile_abt_descriptor(uint32_t tile) {
-  return smem_descriptor(tile, 16, 1024);
-}
 // d = A Bᵀ over D for two 64-row tiles in shared memory, both K-major (64 rows x D, in D / 64
 // swizzled 64-column regions of 8192 bytes): D / 16 k16 steps, 32 bytes apart within a 128-byte
 // row, 4 steps per region. S = Q Kᵀ and dP = dO Vᵀ (forward, dQ), Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (dK/dV).
@@ -575,7 +582,7 @@ __device__ __forceinline__ void wgmma_tiles_abt_desc(float (&d)[32], uint64_t a_
 }
 template <typename T, int D>
 __device__ __forceinline__ void wgmma_tiles_abt(float (&d)[32], uint32_t a_tile, uint32_t b_tile) {
-  wgmma_tiles_abt_desc<T, D>(d, tile_abt_descriptor(a_tile), tile_abt_descriptor(b_tile));
+  wgmma_tiles_abt_desc<T, D>(d, kmajor_tile_descriptor(a_tile), kmajor_tile_descriptor(b_tile));
 }
 
 // A operands in registers are read by the tensor cores after the issuing wgmma instruction: each
@@ -595,7 +602,7 @@ __device__ __forceinline__ void keep_operands_alive(uint32_t (&a)[M][4]) {
 template <typename T, int D>
 __device__ __forceinline__ void wgmma_rs_tile_steps(float (&acc)[D / 2], uint32_t (&a)[4][4],
                                                     uint32_t b_tile) {
-  const uint64_t b_desc = smem_descriptor(b_tile, 64 * 128, 1024);
+  const uint64_t b_desc = mnmajor_tile_descriptor(b_tile);
 #pragma unroll
   for (int step = 0; step < 4; ++step)
     wgmma_rs_mn<T, D>(acc, a[step], smem_descriptor_advance(b_desc, step * 2048));
