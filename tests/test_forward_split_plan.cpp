@@ -1,4 +1,4 @@
-// The plan of the sm_90a QAT forward's tail split (kernels/common/forward_split_plan.h), without a
+// The plan of the sm_90a QAT forward's tail split (kernels/shared/forward_split_plan.h), without a
 // GPU: the shapes of issue 5 on the H200 (132 SMs, B = 1, H = 8: 1024 query tiles of 128 rows at
 // S = 16384, 2048 at 32768), the forced counts, and over many shapes what every plan must hold
 // (the kernel hangs on an empty piece: a piece needs at least one key tile).
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/forward_split_plan.h"
+#include "shared/forward_split_plan.h"
 
 using fva::kern::ForwardSplitPlan;
 using fva::kern::kMaxForwardSplitPieces;

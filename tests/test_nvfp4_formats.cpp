@@ -1,4 +1,4 @@
-// kernels/common/float_formats.h and nvfp4.h (SPEC.md section 1) against independent implementations
+// kernels/nvfp4/float_formats.h and nvfp4/nvfp4.h (SPEC.md section 1) against independent implementations
 // written here from the format definitions: value tables enumerated code by code and searched for the
 // nearest value in double (ties to the even code), and frexp/ldexp/nearbyint rounding for bf16/fp16.
 // Nothing below reuses the headers' bit tricks, so a mistake in one does not hide in the other.
@@ -13,9 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "common/float_formats.h"
-#include "common/key_order.h"
-#include "common/nvfp4.h"
+#include "nvfp4/float_formats.h"
+#include "shared/key_order.h"
+#include "nvfp4/nvfp4.h"
 
 namespace {
 

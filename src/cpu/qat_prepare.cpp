@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/nvfp4.h"
+#include "nvfp4/nvfp4.h"
 #include "parallel.h"
 
 namespace fva::cpu::qat {

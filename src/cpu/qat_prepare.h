@@ -1,6 +1,6 @@
 // What the CPU QAT forward and backward (and fva_nvfp4_fake_quantize) share (SPEC.md sections 1, 2):
 //   - NVFP4 fake quantization of token rows (Q, K, V: groups of 16 along D) and of 32x32 P tiles
-//     (groups of 16 along the key axis), on fp32 buffers, built on kernels/common/nvfp4.h;
+//     (groups of 16 along the key axis), on fp32 buffers, built on kernels/nvfp4/nvfp4.h;
 //   - the preprocessing of q, k, v into fp32 workspace buffers (smooth_k mean, fake quantization);
 //   - the small fp32 vector kernels of the tile loops.
 #pragma once

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "../../kernels/common/float_formats.h"
+#include "../../kernels/nvfp4/float_formats.h"
 #include "fvattn/fvattn.h"
 
 namespace fva::cpu {

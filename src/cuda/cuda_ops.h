@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "common/kernel_params.h"
+#include "shared/kernel_params.h"
 #include "cpu/cpu_ops.h"
 #include "fvattn/fvattn.h"
 #include "handle.h"

@@ -47,7 +47,7 @@ int max_active_clusters(const char* family, const char* name, const DeviceInfo& 
 // The kernels of one fvattn call as a chain of programmatic dependent launches (PDL): while a
 // LaunchChain lives on the calling thread, launch() gives every kernel after the chain's first the
 // driver's programmatic-stream-serialization attribute, so that kernel's blocks may become resident
-// while the kernel before it runs its last wave, and wait there (kernels/common/kernel_chain.cuh:
+// while the kernel before it runs its last wave, and wait there (kernels/primitives/kernel_chain.cuh:
 // every kernel fvattn ships waits for its predecessor before touching memory). The first kernel
 // waits for whatever the stream held before the call, as always. Each op of the CUDA backend opens
 // one chain before its first launch. Off (every launch ordered by the stream alone) with

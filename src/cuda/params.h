@@ -1,11 +1,11 @@
-// Kernel parameter blocks (kernels/common/kernel_params.h) from the API's tensor descriptors, and
+// Kernel parameter blocks (kernels/shared/kernel_params.h) from the API's tensor descriptors, and
 // the workspace carving the CUDA operations share.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "common/kernel_params.h"
+#include "shared/kernel_params.h"
 #include "cpu/workspace.h"
 #include "error.h"
 #include "fvattn/fvattn.h"

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "common/key_order.h"
+#include "shared/key_order.h"
 #include "cuda_ops.h"
 #include "error.h"
 #include "kernel_images.h"
@@ -28,7 +28,7 @@ int64_t mean_chunks(const cpu::QatProblem& p) {
 
 // Which inputs are replaced by prepared copies in the workspace. padded_kv: the copies of K and V
 // hold whole 64-key tiles per (b, head) (the forward's quantized K and V, which the Hopper forward
-// reads in its own key order, common/key_order.h).
+// reads in its own key order, shared/key_order.h).
 struct Prepared {
   bool q = false, k = false, v = false, mean = false, padded_kv = false;
 };
@@ -178,7 +178,7 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
   l.block = static_cast<unsigned>(32 * kWarpsPerBlock);
-  // Block mode at D = 64 and 128 runs a kernel built for that D (prep/nvfp4_quantize.cu).
+  // Block mode at D = 64 and 128 runs a kernel built for that D (preprocess/nvfp4_quantize.cu).
   const bool fixed_d = block_mode && (D == 64 || D == 128);
   launch("prep",
          fmt::format("fva_nvfp4_quantize_{}{}{}", block_mode ? "" : "tile_", dtype_suffix(dtype),
@@ -278,7 +278,7 @@ void qat_forward(const fva_handle& h, const cpu::QatProblem& p, const fva_tensor
   a.o_hp = o_hp ? tensor4(*o_hp) : kern::Tensor4{};
   a.lse = tensor3(lse);
   // sm_90: the Hopper-native forward where it covers the call, decided before the preparation:
-  // with quantized P it reads K and V in its own key order (key_order.h), which the portable
+  // with quantized P it reads K and V in its own key order (shared/key_order.h), which the portable
   // kernel does not, and its maps cover the copies' whole tiles.
   // (The padded copies are exactly the quantized forward's, whose K and V take that order.)
   kern::Sm90ForwardParams native;

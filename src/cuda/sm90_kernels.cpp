@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "common/forward_split_plan.h"
+#include "shared/forward_split_plan.h"
 #include "environment.h"
 #include "kernel_images.h"
 #include "params.h"
@@ -55,7 +55,7 @@ const Api* native_api(const fva_handle& h, int64_t D) {
 }
 
 // The launch of a kernel with one 128-thread block per 64-row query tile of `q_units` (b, q head)
-// units (the compact kernels of hopper/compact_tiles_sm90.cuh: the VSA forward and the dQ kernel
+// units (the compact kernels of sm90/compact_tiles.cuh: the VSA forward and the dQ kernel
 // that recomputes S and dP; dQ from stored dS; the fused backward's dQ convert).
 Launch query_tile_launch(const kern::AttentionParams& a, int64_t q_units, size_t smem) {
   Launch l;
@@ -123,10 +123,10 @@ int split_override() {
 bool clusters_allowed() { return env_switch_on("FVATTN_QAT_CLUSTER"); }
 
 // Whether the QAT forward's grid runs in clusters of two blocks that share their K/V loads
-// (attention_forward_sm90.cuh): the two blocks of a cluster run neighbouring query tiles of one
+// (sm90/attention_forward.cuh): the two blocks of a cluster run neighbouring query tiles of one
 // (b, q head) over the same key tiles, so the rows must see the same keys (not causal) and every
 // (b, q head) must have an even count of query tiles, as must the split tiles (each pair of them
-// splits into the same pieces: common/forward_split_plan.h). The driver must launch clusters.
+// splits into the same pieces: shared/forward_split_plan.h). The driver must launch clusters.
 bool qat_forward_clusters(const kern::AttentionParams& a, int64_t q_tiles, int64_t tiles,
                           int64_t split_first) {
   const bool allowed = clusters_allowed();  // read (and checked) on every launch
@@ -164,14 +164,14 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
                          int64_t D, int32_t dtype, bool quantize_p, void* stream,
                          const Sm90ForwardSplit* split) {
   const kern::AttentionParams& a = params.a;
-  if (kind == Sm90Kind::kVsa) {  // attention_forward_compact_sm90.cuh: Q, K, V tiles
+  if (kind == Sm90Kind::kVsa) {  // sm90/attention_forward_compact.cuh: Q, K, V tiles
     const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
     launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3, /*ones_region=*/true), stream,
            params);
     return;
   }
-  // attention_forward_sm90.cuh: a block per 64 x kQatConsumers query rows of every (b, q head), a
-  // producer warpgroup beside the consumers, in a one-dimensional grid (forward_split_sm90.cuh).
+  // sm90/attention_forward.cuh: a block per 64 x kQatConsumers query rows of every (b, q head), a
+  // producer warpgroup beside the consumers, in a one-dimensional grid (sm90/forward_split.cuh).
   kern::Sm90ForwardParams P = params;
   const int64_t q_tiles = blocks_for(a.Sq, 64 * kQatConsumers);
   const int64_t tiles = q_tiles * a.B * a.Hq;
@@ -232,7 +232,7 @@ bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, 
 
 void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                     int64_t D, int32_t dtype, void* stream) {
-  // attention_dq_sm90.cuh: one 128-thread block per 64 query rows, Q, dO, K and V tiles.
+  // sm90/attention_dq.cuh: one 128-thread block per 64 query rows, Q, dO, K and V tiles.
   const std::string name = fmt::format("fva_sm90_{}_bwd_dq_{}_d{}",
                                        kind == Sm90Kind::kQat ? "qat" : "vsa", dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device, compact_launch(params.a, D, 4), stream, params);
@@ -244,7 +244,7 @@ bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale) {
 
 namespace {
 
-// Which dK/dV kernel (attention_backward_sm90.cuh): plain, with dQ reduced into the accumulator
+// Which dK/dV kernel (sm90/attention_dkdv.cuh): plain, with dQ reduced into the accumulator
 // (kFuseDq: two consumers of 64 keys per block), or storing dS (kStoreDs).
 enum class Dkdv { kPlain, kFusedDq, kStoresDs };
 
@@ -324,7 +324,7 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
     const int64_t units = std::min(chunks.kv_units_per_chunk, kv_units - u0);
     params.kv_unit0 = static_cast<int32_t>(u0);
     // dK/dV storing the chunk's dS tiles (two blocks per SM), then dQ from them for the chunk's q
-    // heads (attention_dq_from_ds_sm90.cuh: kDsStages ring stages, four blocks per SM). The
+    // heads (sm90/attention_dq_from_ds.cuh: kDsStages ring stages, four blocks per SM). The
     // chunks reuse the tiles' workspace in stream order.
     dkdv_launch(h, kind, params, D, dtype, Dkdv::kStoresDs, units, stream);
     launch("sm90", dq.c_str(), h.device, query_tile_launch(a, units * (a.Hq / a.Hkv), dq_smem),
@@ -348,7 +348,7 @@ void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
   params.dq_accum = accumulator;
   params.ds_rowsum = accumulator + kern::sm90_dq_accumulator_rows(a.B, a.Hq, a.Sq) * D;
   dkdv_launch(h, kind, params, D, dtype, Dkdv::kFusedDq, kv_units_of(a), stream);
-  // dq_accumulator_sm90.cuh: a 128-thread block per 64-row query tile of every (b, q head).
+  // sm90/dq_accumulator.cuh: a 128-thread block per 64-row query tile of every (b, q head).
   const std::string name = fmt::format("fva_sm90_dq_convert_{}_d{}", dtype_suffix(dtype), D);
   launch("sm90", name.c_str(), h.device,
          query_tile_launch(a, static_cast<int64_t>(a.B) * a.Hq, 0), stream, params);

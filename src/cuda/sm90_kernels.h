@@ -1,11 +1,11 @@
-// The Hopper-native kernels (kernels/hopper/): when a call may use them, and their launches. QAT
+// The Hopper-native kernels (kernels/sm90/): when a call may use them, and their launches. QAT
 // attention and VSA ask here first and fall back to the portable kernels when the answer is no:
 // the forward, and the backward's dQ and dK/dV (the Delta pre-pass stays portable).
 #pragma once
 
 #include <cstdint>
 
-#include "common/kernel_params.h"
+#include "shared/kernel_params.h"
 #include "handle.h"
 
 namespace fva::cuda {
@@ -17,17 +17,17 @@ enum class Sm90Kind { kQat, kVsa };
 // 128, and tensors the TMA can address (the driver accepts their maps). QAT also needs P in block
 // scales or unquantized (its tile and row P scales run on the portable kernel). The K and V maps
 // cover kv_rows rows per (b, head): a.Skv, or (the QAT forward's quantized K and V, stored in its
-// key order, common/key_order.h) Skv padded to whole 64-key tiles.
+// key order, shared/key_order.h) Skv padded to whole 64-key tiles.
 bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
                           int64_t D, bool quantize_p, int32_t p_scale,
                           kern::Sm90ForwardParams* params, int64_t kv_rows);
 
-// The QAT forward's tail split (hopper/forward_split_sm90.cuh): its query tiles (64 x 2 rows of
+// The QAT forward's tail split (sm90/forward_split.cuh): its query tiles (64 x 2 rows of
 // every (b, q head)), the first one split, and into how many pieces over the key tiles. The
 // workspace holds the pieces' states and flags (sizes below; the size query and the call plan
 // alike, and a call whose forward does not run natively leaves them unused).
 // Planned when the native forward may run the call and it is not causal, by
-// kern::plan_forward_split (common/forward_split_plan.h: the tail past the last full wave of one
+// kern::plan_forward_split (shared/forward_split_plan.h: the tail past the last full wave of one
 // block per SM, in the count of pieces its model of the last wave likes best, or none).
 // FVATTN_QAT_SPLIT overrides the plan (under the same conditions) for tests and A/B runs: 0 (or
 // 1) splits nothing, N >= 2 splits the tail into min(N, key tiles, 8) pieces (the last wave's
@@ -86,7 +86,7 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
 bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D);
 // The stored-dS backward (QAT and VSA, sm_90a): the dK/dV kernel writes every (query tile, key
 // tile) pair's dS tile (kern::sm90_ds_tile_bytes) to the workspace and a dQ kernel sums dS K from
-// them (attention_dq_from_ds_sm90.cuh), instead of a dQ kernel that recomputes S and dP (or, QAT's
+// them (sm90/attention_dq_from_ds.cuh), instead of a dQ kernel that recomputes S and dP (or, QAT's
 // fast handles, reductions into an fp32 accumulator). Bitwise reproducible on every handle. The
 // tiles of a problem can be large (8 KiB a pair), so they take at most FVATTN_DS_BUDGET_MIB of
 // workspace (default 2048; 0: none): the (b, kv head) units run in chunks that fit it, and a

@@ -71,7 +71,7 @@ InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t ma
   return b;
 }
 
-// Launches steps 1-3 of kernels/vsa/vsa_invert.cu (and 4 when ip.k2q_idx is set).
+// Launches steps 1-3 of kernels/indices/vsa_invert.cu (and 4 when ip.k2q_idx is set).
 void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuffers& b,
                    void* stream) {
   ip.rows_per_chunk = b.chunking.rows_per_chunk;
@@ -139,7 +139,7 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
-  l.block = 64;  // 2 warps x 32 rows (kernels/common/attention_forward.cuh)
+  l.block = 64;  // 2 warps x 32 rows (kernels/portable/attention_forward.cuh)
   l.smem = static_cast<size_t>(kern::forward_2warp_smem_bytes(static_cast<int>(p.D)));
   launch("vsa", fmt::format("fva_vsa_fwd_{}_d{}", dtype_suffix(q.dtype), p.D).c_str(), h.device, l,
          stream, a);
@@ -160,7 +160,7 @@ bool orders_kv_blocks(const cpu::VsaProblem& p) {
 
 // Delta's blocks per SM where it runs beside the k2q inverse: 512 of the SM's 2048 threads, so
 // the inverse's blocks still find room, and with kDeltaUnroll row groups in flight per warp
-// (common/attention_backward.cuh) enough loads for the DRAM.
+// (portable/attention_backward.cuh) enough loads for the DRAM.
 constexpr unsigned kDeltaBesideBlocksPerSm = 4;
 
 struct VsaBackwardBuffers {
@@ -214,7 +214,7 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   if (buf.delta_done != nullptr) {
     // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
     // latency-bound): the block order, the last of them, holds its exit until Delta's count is
-    // full, so the dK/dV kernel chained after it reads a finished Delta (vsa/vsa_invert.cu).
+    // full, so the dK/dV kernel chained after it reads a finished Delta (indices/vsa_invert.cu).
     memset_words(buf.delta_done, 0, 1, stream, "Delta's count");
     kern::AttentionParams counted = a;
     counted.delta_done = buf.delta_done;

@@ -1,4 +1,4 @@
-// The shared NVFP4 header (kernels/common/nvfp4.h, float_formats.h) gives the same bits on the GPU
+// The shared NVFP4 header (kernels/nvfp4/nvfp4.h, nvfp4/float_formats.h) gives the same bits on the GPU
 // as on the host, where the CPU reference backend runs it. Every GPU kernel quantizes with this
 // header, so this is the parity the QAT kernels inherit.
 //
@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "common/float_formats.h"
-#include "common/nvfp4.h"
-#include "common/online_softmax.cuh"  // fast_exp2
+#include "nvfp4/float_formats.h"
+#include "nvfp4/nvfp4.h"
+#include "primitives/online_softmax.cuh"  // fast_exp2
 
 namespace {
 
@@ -50,7 +50,7 @@ __global__ void block_groups(const float* x, float* out, int n) {
   out[2 * i + 1] = g.reciprocal;
 }
 
-// The QAT forward takes a group's max p as 2^ of its max exponent (online_softmax.cuh), which
+// The QAT forward takes a group's max p as 2^ of its max exponent (primitives/online_softmax.cuh), which
 // holds only if the device's 2^x (MUFU.EX2, fast_exp2) is monotonic. Checked over every float from
 // -inf up to 2^7 (the exponents a softmax evaluates are <= 0 but for rounding): for each, and its
 // successor, 2^successor >= 2^x. Counts the violations.
@@ -73,7 +73,7 @@ __global__ void exp2_monotonic(unsigned long long* violations) {
   if (bad != 0) atomicAdd(violations, bad);
 }
 
-// The bf16 P operand's packed decode (e2m1_round_scale_bf16x2, float_formats.h) against the fp32
+// The bf16 P operand's packed decode (e2m1_round_scale_bf16x2, nvfp4/float_formats.h) against the fp32
 // form, bitwise: every fp32 pattern from 0 to 16 (beyond, both saturate) and the specials (inf, a
 // quiet and a signaling NaN), each as the low value of a pair whose high value is the pattern with
 // its lowest bit flipped; each value scaled by one of the 126 nonzero E4M3 scales (the pattern's

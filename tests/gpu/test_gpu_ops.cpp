@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/kernel_params.h"
+#include "shared/kernel_params.h"
 #include "gpu/gpu_fixtures.h"
 #include "support/golden.h"
 
@@ -576,7 +576,7 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
   }
 }
 
-// The k2q inverse (kernels/vsa/vsa_invert.cu) cuts a unit's lists into chunks of consecutive q
+// The k2q inverse (kernels/indices/vsa_invert.cu) cuts a unit's lists into chunks of consecutive q
 // blocks (kern::invert_chunking), counted and placed chunk by chunk: lists long enough for two or
 // three chunks, the last one partial, of a length that is no multiple of 32 (the tally's and
 // place's per-thread strides then straddle rows), with every irregularity of make_vsa_inputs
@@ -873,7 +873,7 @@ static void check_qat_env_refused(fva_handle_t h, bool native, const char* var, 
   }
 }
 
-// The sm_90a QAT forward splits its grid's tail over the key tiles (hopper/forward_split_sm90.cuh):
+// The sm_90a QAT forward splits its grid's tail over the key tiles (sm90/forward_split.cuh):
 // FVATTN_QAT_SPLIT forces N pieces on the tiles of the last wave (here every tile: a test's few
 // tiles fill less than one wave). Each split result against the reference, and o no further from
 // it than the unsplit kernel's but for rounding (a piece whose FQ_P started its running max from
@@ -961,7 +961,7 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
 
 // The sm_90a QAT forward runs in clusters of two blocks that share their K/V loads by TMA
 // multicast where the shape allows (not causal, an even count of 128-row query tiles per head;
-// hopper/attention_forward_sm90.cuh). Both blocks compute exactly what each would alone, so o,
+// sm90/attention_forward.cuh). Both blocks compute exactly what each would alone, so o,
 // o_hp and lse are bit for bit those of the forward without clusters (FVATTN_QAT_CLUSTER=0), whole
 // and with the tail split over 2 and 3 pieces (the pieces' block order differs in clusters), and
 // within the tolerance of the reference. Ragged last tiles (rows past Sq in a cluster's block),
@@ -1011,7 +1011,7 @@ TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without t
 // Every CUDA op launches its kernels after the first as programmatic dependent launches
 // (src/cuda/kernel_images.h, LaunchChain): a kernel's blocks may be resident while the kernel
 // before it finishes, and every kernel waits for its predecessor before it touches memory
-// (kernels/common/kernel_chain.cuh; Delta runs beside it and waits before it exits). A kernel that
+// (kernels/primitives/kernel_chain.cuh; Delta runs beside it and waits before it exits). A kernel that
 // read too early would read its inputs unfinished, so chained, the outputs must be bit for bit
 // those of the kernels the stream alone orders (FVATTN_PDL=0), at shapes of several waves of
 // blocks, repeated: the QAT forward (production, its tail split, whose flags are zeroed before the

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
-#include "hopper/sm90_primitives.cuh"
+#include "primitives/sm90.cuh"
 #include "probe_timer.h"
 
 using namespace fva::dev::sm90;

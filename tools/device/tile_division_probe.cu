@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/float_formats.h"
+#include "nvfp4/float_formats.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Where a VSA forward block's time goes: the library's sm_90a VSA forward kernel
-// (hopper/attention_forward_compact_sm90.cuh), built here with per-block timestamps at its four
+// (sm90/attention_forward_compact.cuh), built here with per-block timestamps at its four
 // trace points (FVA_VSA_FWD_TRACE: the block starts, its Q has landed, its last tile is done, its
 // outputs are stored), run at the bench's shape (B=1, H=8, D=128, bf16, random top-k lists at the
 // given density), and summarized:
@@ -79,8 +79,8 @@ __device__ __forceinline__ int traced_tile_slot(int index) {
   } while (0)
 #endif
 
-#include "hopper/attention_forward_compact_sm90.cuh"
-#include "vsa/vsa_schedules.cuh"
+#include "sm90/attention_forward_compact.cuh"
+#include "schedules/vsa.cuh"
 
 constexpr int kD = 128;
 

@@ -1,0 +1,94 @@
+// NVFP4 fake quantization of P while it sits in MMA accumulator fragments (SPEC.md section 1), on
+// top of the shared nvfp4/nvfp4.h. A group is 16 consecutive keys of one query row. Two layouts occur:
+//   - forward and dQ: rows are queries, keys run along n, so a group is the 4 values a quad holds
+//     in two neighbouring n8 tiles (reduced with quad_max);
+//   - dK/dV: the products are transposed (rows are keys), so a group is one m16 column: the 2 values
+//     each of the 8 quads holds (reduced with column_max).
+#pragma once
+
+#include "primitives/sm80.cuh"
+#include "nvfp4/nvfp4.h"
+
+namespace fva::dev {
+
+// Second-level factors of a tile or row with the given amax (SPEC: enc = 2688 / max(amax, 1e-8),
+// dec = 1 / enc). Divisions are IEEE-exact, as in the CPU reference, so both give the same scales.
+struct SecondLevel {
+  float enc = 1.0f, dec = 1.0f;
+  static __device__ __forceinline__ SecondLevel of(float amax) {
+    SecondLevel s;
+    s.enc = nvfp4_second_level_enc(amax);
+    s.dec = 1.0f / s.enc;
+    return s;
+  }
+};
+
+// Quantizes the four values x[0..3] of one group member (already reduced: group_amax is the whole
+// group's amax) in place.
+template <int N>
+__device__ __forceinline__ void fake_quantize_values(float (&x)[N], float group_amax,
+                                                     SecondLevel second) {
+  const Nvfp4Group grp = nvfp4_group(group_amax, second.enc, second.dec);
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = nvfp4_fake_quant(grp, x[i]);
+}
+
+// A block-scale group (dec = 1) whose scale lane `src` computed (`mine` there), for every lane:
+// the groups a lane's values belong to are computed once and handed out by shuffles.
+__device__ __forceinline__ Nvfp4Group nvfp4_block_group_from(const Nvfp4Group& mine, int src) {
+  Nvfp4Group grp;
+  grp.e4m3 = __shfl_sync(0xffffffffu, mine.e4m3, src);
+  grp.dec = 1.0f;
+  grp.reciprocal = __shfl_sync(0xffffffffu, mine.reciprocal, src);
+  return grp;
+}
+
+// Block-scale FQ_P of P in the dK/dV layout, for a warp's 16 keys x 8 n8 tiles of queries, packed
+// into the A operands of dV's 4 k16 steps (v itself is left as it is: dS needs the unquantized P).
+// The group of (tile j, column i) is v[j][i] and v[j][2 + i] of the 8 lanes 4g + t (g = 0..7) that
+// share t. Every lane of a column would otherwise compute all 16 of its groups' scales (the E4M3
+// rounding and a reciprocal each), eight times over. Here the 8 lanes reduce their 16 amaxes by
+// halving exchanges (after the xor-16, -8 and -4 steps, lane g holds the amaxes of groups 2g and
+// 2g + 1, i.e. tile j = g), each computes its two groups' scales once, and every lane fetches the
+// 16 it needs from lane 4j + t. The max of |x| is order-independent (NaN ignored either way), so
+// each group's scale is bitwise the one column_max gives.
+template <typename T>
+__device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][4],
+                                                            uint32_t (&a)[4][4]) {
+  const int lane = threadIdx.x & 31;
+  float amax[16];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      amax[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
+  halving_max<16, 3, 16>(amax);  // lane bits 4, 3, 2: g's bits 2, 1, 0
+  const Nvfp4Group mine[2] = {nvfp4_block_group(amax[0]), nvfp4_block_group(amax[1])};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int src = 4 * j + (lane & 3);
+    float q[4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const Nvfp4Group grp = nvfp4_block_group_from(mine[i], src);
+      q[i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
+      q[2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
+    }
+    pack_a_tile<T>(a, j, q);
+  }
+}
+
+// Exchanges one float per warp between the two warps of a pair (warps 2i and 2i+1) and returns the
+// max of both. `slots` is shared memory of 2 * 4 floats; `use` counts calls (its parity picks the
+// half, so a fast warp never overwrites a value its partner has yet to read).
+__device__ __forceinline__ float pair_max(float mine, float* slots, int& use) {
+  const int warp = threadIdx.x / 32;
+  float* half = slots + (use & 1) * 4;
+  if ((threadIdx.x & 31) == 0) half[warp] = mine;
+  named_barrier_sync(1 + warp / 2, 64);
+  const float other = half[warp ^ 1];
+  ++use;
+  return fmaxf(mine, other);
+}
+
+}  // namespace fva::dev

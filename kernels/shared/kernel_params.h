@@ -1,0 +1,290 @@
+// The parameter blocks the host passes to the portable attention kernels, by value. Plain structs of
+// pointers, element strides and flags, shared by the CUDA backend (src/cuda/, plain C++) and the
+// kernels (nvcc), so both sides always agree on the layout.
+#pragma once
+
+#include <stdint.h>
+
+namespace fva::kern {
+
+// A [B, H, S, D] tensor (16-bit elements) with element strides; the last dimension is contiguous.
+struct Tensor4 {
+  void* data;
+  int64_t stride_b, stride_h, stride_s;
+};
+
+// A [B, H, S] fp32 tensor (lse, Delta).
+struct Tensor3 {
+  float* data;
+  int64_t stride_b, stride_h, stride_s;
+};
+
+// VSA block metadata as the caller passed it (int32, element strides; last dimension contiguous).
+struct VsaLists {
+  const int32_t* q2k_idx;  // [B, Hq, num_q_blocks, max_k]
+  int64_t idx_stride_b, idx_stride_h, idx_stride_qb;
+  const int32_t* q2k_num;  // [B, Hq, num_q_blocks]
+  int64_t num_stride_b, num_stride_h, num_stride_qb;
+  const int32_t* block_sizes;  // [num_kv_blocks]
+  int64_t block_sizes_stride;
+  int32_t num_q_blocks, num_kv_blocks, max_k;
+  // The backward's inverse (built in the workspace by vsa_build_inverse): for unit (b, hq), kv block
+  // kv's q2k entries are entries[unit * entries_per_unit + offsets[unit * (nkv + 1) + kv] ...
+  // + offsets[... + kv + 1]), ascending, each encoded as qb << slot_bits | slot (the q block and
+  // the entry's place in its q2k list: where the pair's stored dS tile goes; a shift, not a product
+  // by max_k, so that decoding it costs two instructions, not a division, per tile).
+  const int32_t* inv_offsets;
+  const int32_t* inv_entries;
+  int64_t inv_entries_per_unit;
+  int32_t slot_bits;  // the least k with 2^k >= max_k
+  // The dK/dV kernels' order of kv blocks (fva_vsa_invert_order, backward only): for kv unit
+  // (b, kv head) u, the x-th block of the launch takes kv block kv_order[u * num_kv_blocks + x],
+  // the blocks with the most (q block, kv block) pairs first. Null: block x takes kv block x.
+  const int32_t* kv_order;
+};
+
+// Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.
+enum : int32_t { kKindQat = 0, kKindVsa = 1 };
+
+struct AttentionParams {
+  Tensor4 q, k, v;       // what the products use: fake-quantized / smoothed copies or the inputs
+  Tensor4 o, o_hp;       // forward outputs (o_hp.data null: not wanted)
+  Tensor3 lse;           // forward output, backward input
+  Tensor4 o_for_bwd, dout;
+  Tensor4 dq, dk, dv;
+  float* delta;          // backward: [B, Hq, Sq] contiguous fp32 in the workspace
+  // Set when Delta runs beside the k2q inverse (VSA backward): the count of Delta's blocks that
+  // have written their rows, zeroed before the call's first kernel.
+  int32_t* delta_done;
+  const float* k_mean;   // QAT smooth_k: [D] fp32 (dtype-rounded), null otherwise
+  int32_t B, Hq, Hkv, Sq, Skv;
+  float scale;           // softmax scale
+  float scale_log2;      // scale * log2(e), rounded once to fp32 as the CPU reference does
+  int32_t causal;        // QAT
+  int32_t p_scale;       // QAT: FVA_SCALE_BLOCK / TILE / ROW for P
+  int32_t quantize_p;    // QAT backward: dV from FQ_P(P) (the forward's is a template parameter)
+  VsaLists vsa;
+};
+
+// A CUDA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on the
+// host with cuTensorMapEncodeTiled and passed to a kernel by value for its TMA loads.
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
+
+// The sm_90a forward (kernels/sm90/): the portable parameters plus TMA maps of the tensors the
+// products read, each 4-d over (D, S, H, B) with boxes of 64 columns x 64 rows, 128-byte swizzle.
+// The VSA forward also stores o through a map (the QAT forward, whose outputs are o and o_hp,
+// stores by its threads and leaves it unset).
+struct Sm90ForwardParams {
+  AttentionParams a;
+  TensorMap q, k, v;
+  TensorMap o;
+  // The QAT forward's blocks (its grid is one-dimensional; the VSA forward leaves these unset).
+  // Query tile t (of 64 x consumers rows) is row tile t % q_tiles of (b, q head) t / q_tiles.
+  // Blocks [0, split_first) run tiles [0, split_first) whole; the blocks after them split the
+  // tiles from split_first on, split_pieces adjacent blocks per tile, each over a contiguous share
+  // of the key tiles (the tail split: src/cuda/sm90_kernels.cpp plans it, so that the grid's last
+  // wave is not a partial one). Every piece but a tile's last writes its running state to
+  // split_partials and raises its flag in split_flags (zeroed before the launch); the last piece
+  // waits for them, merges them and writes the outputs (sm90/forward_split.cuh).
+  int32_t q_tiles;
+  // 1, or 2: the grid runs in clusters of two blocks, two neighbouring query tiles of one (b, q
+  // head) over the same key tiles, each block's producer loading half of every K/V stage (K, or
+  // V) into both blocks' rings by TMA multicast (sm90/attention_forward.cuh). The block
+  // order of the split tiles' pieces depends on it (shared/forward_split_plan.h).
+  int32_t cluster;
+  int32_t split_first;   // the tiles' count when nothing is split
+  int32_t split_pieces;  // 1, or 2..kMaxForwardSplitPieces (shared/forward_split_plan.h)
+  float* split_partials;  // sm90_forward_partial_floats per thread and consumer, per piece
+  uint32_t* split_flags;  // one per (split tile, piece but the last, consumer)
+  // Quantized P: a piece but the last first publishes its keys' row maxima (2 floats per consumer
+  // thread) and raises its flag, so that every later piece starts FQ_P's running max from the
+  // max over every earlier key (SPEC's m'). Laid out as split_flags.
+  float* split_maxima;
+  uint32_t* split_max_flags;
+};
+
+// The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.
+// The dK/dV kernel that also reduces dQ (handles that are not deterministic) adds into dq_accum and
+// ds_rowsum in the workspace (sm90/dq_accumulator.cuh: their layout); null otherwise.
+struct Sm90BackwardParams {
+  AttentionParams a;
+  TensorMap q, k, v, dout;
+  float* dq_accum;   // [B, Hq, q_tiles, 64 x D] fp32, zeroed before the kernel
+  float* ds_rowsum;  // [B, Hq, q_tiles, 64] fp32, zeroed before the kernel
+  int32_t q_tiles;   // ceil(Sq / 64)
+  // The stored-dS backward (sm90/attention_dq_from_ds.cuh): the dK/dV kernel writes every pair's
+  // dS tile here (sm90_ds_tile_bytes each, wgmma fragment order) and the dQ kernel reads them back.
+  // A launch covers the (b, kv head) units [kv_unit0, kv_unit0 + gridDim.y) and their q heads; q
+  // unit u (= b Hq + h) holds ds_q_tiles x ds_slots tiles (VSA: q blocks x q2k slots; QAT: query
+  // tiles x key tiles), from tile ((u - kv_unit0 Hq / Hkv) ds_q_tiles) ds_slots on.
+  void* ds_tiles;
+  int32_t kv_unit0, ds_q_tiles, ds_slots;
+};
+
+// NVFP4 fake quantization of the tokens of [B, H, S, D] tensors (Q/K/V preparation and
+// fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h). One
+// launch serves up to kMaxQuantizeJobs tensors (QAT's Q, K and V), a warp per tile of one of them:
+// one launch's ramp and tail instead of three.
+struct QuantizeJob {
+  Tensor4 x, y;
+  int32_t H, S;
+  int32_t quantize;       // 0: copy (after the optional mean subtraction) without quantizing
+  int32_t owned_order;    // 1: y's rows in the Hopper QAT forward's key order (shared/key_order.h),
+                          // each (b, h) padded with zero rows to a multiple of 64; y != x
+  const float* mean;      // [D] fp32 subtracted before anything (smooth_k), or null
+  int64_t first_tile;     // the launch's first warp-tile of this job (jobs in order, from 0)
+};
+constexpr int kMaxQuantizeJobs = 3;
+// The 16-element groups per lane a warp of the quantization kernel loads, as raw words, before it
+// converts any (one memory round trip per batch). Block mode has no tile, so its work unit is one
+// batch of 32 x 2 groups (8 tokens at D = 128): few registers, many warps per SM, since the
+// conversion and not the memory bounds the kernel (docs/perf.md, session 24). Tile mode's tiles
+// (SPEC section 1: 32 tokens) go in batches of 8 groups per lane, one batch per tile at D = 128.
+constexpr int kQuantizeBlockBatch = 2;
+constexpr int kQuantizeTileBatch = 8;
+constexpr int quantize_block_unit_tokens(int64_t D) {
+  return D >= 32 * kQuantizeBlockBatch * 16 ? 1 : static_cast<int>(32 * kQuantizeBlockBatch * 16 / D);
+}
+struct QuantizeParams {
+  QuantizeJob job[kMaxQuantizeJobs];
+  int32_t num_jobs;
+  int32_t B, D;
+  int32_t tile_tokens;
+  int32_t scale_mode;     // FVA_SCALE_BLOCK or FVA_SCALE_TILE
+  int64_t tiles;          // warp-tiles over every job
+};
+
+// Per-channel mean of k over (B, H, S) in two deterministic steps: fixed chunks of tokens summed in
+// double, then the chunks summed in order.
+struct MeanParams {
+  Tensor4 x;
+  int32_t B, H, S, D;
+  int32_t chunk_tokens;   // tokens per partial sum
+  double* partial;        // [num_chunks, D]
+  int32_t num_chunks;     // B * H * ceil(S / chunk_tokens)
+  float* mean;            // [D], rounded to the dtype
+};
+
+// The most kv blocks fva_vsa_invert_order orders (16 KiB of weights in shared memory: 262144 tokens
+// per sequence); past that the dK/dV blocks run in index order.
+constexpr int kVsaOrderMaxKvBlocks = 4096;
+
+// Inversion of the q2k lists per (b, h) unit (kernels/indices/vsa_invert.cu). A unit's q blocks are cut
+// into chunks of consecutive rows; the inverse counts each chunk's entries per kv block (the tally),
+// scans the tally kv-major, and then places each chunk's entries in row order, so every kv block's
+// segment comes out ascending without a sort.
+//
+// A chunk holds about kInvertChunkEntries list entries, or num_kv_blocks when that is more: the tally
+// (num_kv_blocks per chunk) then stays within the entries' own size plus one row of kv blocks.
+constexpr int kInvertChunkEntries = 2048;
+// The kv blocks whose counters or cursors one shared-memory pass holds (8 KiB per array); more kv
+// blocks take more passes over the chunk.
+constexpr int kInvertKvWindow = 2048;
+// The threads of the tally and place kernels' blocks, and the entries fva_vsa_invert_place sorts
+// into its kv blocks' runs at a time (a whole chunk, mostly).
+constexpr int kInvertThreads = 256;
+constexpr int kInvertPlaceBatch = 2048;
+
+struct InvertChunking {
+  int32_t rows_per_chunk, num_chunks;
+};
+inline InvertChunking invert_chunking(int64_t num_q_blocks, int64_t num_kv_blocks, int64_t max_k) {
+  const int64_t per_chunk = num_kv_blocks > kInvertChunkEntries ? num_kv_blocks : kInvertChunkEntries;
+  int64_t rows = max_k > 0 ? (per_chunk + max_k - 1) / max_k : num_q_blocks;
+  if (rows > num_q_blocks) rows = num_q_blocks;
+  if (rows < 1) rows = 1;
+  return {static_cast<int32_t>(rows), static_cast<int32_t>((num_q_blocks + rows - 1) / rows)};
+}
+
+struct InvertParams {
+  VsaLists lists;
+  int32_t B, H;
+  int32_t skip_empty_blocks;  // 1: leave out entries whose kv block has no real token (backward)
+  int32_t rows_per_chunk, num_chunks;  // invert_chunking
+  // [B * H, num_kv_blocks, num_chunks]: the chunk's entries per kv block (fva_vsa_invert_tally),
+  // then, scanned in place (fva_vsa_invert_scan), where they start in the unit's entries.
+  int32_t* tally;
+  int32_t* offsets;           // [B * H * (num_kv_blocks + 1)]
+  int32_t* entries;           // [B * H * num_q_blocks * max_k], each segment ascending
+  // The backward's dK/dV block order (fva_vsa_invert_order; null: not built): [B * H / group,
+  // num_kv_blocks], the kv blocks of each (b, kv head) by descending pair count over its `group`
+  // q heads.
+  int32_t* kv_order;
+  int32_t group;
+  // With kv_order: Delta's completion count (AttentionParams::delta_done) and the count it
+  // reaches, which fva_vsa_invert_order waits for before it exits, so that dK/dV, chained after
+  // it, reads a finished Delta (null: Delta runs later in the chain).
+  const int32_t* delta_done;
+  int32_t delta_blocks;
+  // fva_vsa_invert_indices outputs (null for the backward's internal inverse)
+  int32_t* k2q_idx;           // [B, H, num_kv_blocks, num_q_blocks]
+  int64_t k2q_stride_b, k2q_stride_h, k2q_stride_kv;
+  int32_t* k2q_num;           // [B, H, num_kv_blocks]
+  int64_t k2q_num_stride_b, k2q_num_stride_h, k2q_num_stride_kv;
+};
+
+// Dynamic shared memory of the attention kernels (one formula for the host and the kernels).
+constexpr int forward_smem_bytes(int D) { return 5 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K[2], V[2], slots
+constexpr int forward_2warp_smem_bytes(int D) { return 3 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K, V, slots
+constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                     // Q, dO, K[2], V[2]
+// K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
+constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
+
+// sm_90a forward: query tiles (Q: one 64-row tile per consumer warpgroup), kStages K tiles,
+// kStages V tiles each followed by a 64 x 64 region of ones (8 KiB: the 8 columns past V that
+// P·V's m64n(D+8) product reads, so that it sums P's rows too), mbarriers (1024 bytes).
+constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
+  return (query_tiles + 2 * stages) * 64 * D * 2 + stages * 64 * 128 + 1024;
+}
+
+// The QAT forward's tail split (Sm90ForwardParams): a piece's running state per consumer thread
+// (o when P is quantized, o_hp with the rows' sums, the rows' reference maxima), in floats rounded
+// up to whole 16-byte vectors; a consumer warpgroup's is 128 times that.
+constexpr int sm90_forward_partial_floats(int D, bool quantize_p) {
+  return ((quantize_p ? D / 2 : 0) + D / 2 + 4 + 2 + 3) / 4 * 4;
+}
+
+// Rows per warp of the Delta pre-pass (portable/attention_backward.cuh, attention_delta): each lane
+// reads 8 elements (16 bytes) of o and of dO, so a row of D takes D / 8 lanes; the host launches
+// 128-thread blocks of 4 warps.
+constexpr int delta_rows_per_warp(int D) { return 32 / (D / 8); }
+
+// sm_90a compact kernels (one warpgroup per block, sm90/compact_tiles.cuh): `tiles` tiles
+// and three mbarriers, or (ones_region) `tiles` tiles and an 8 KiB region of ones that holds the
+// barriers. The VSA forward: Q, K, V and the ones (P·V's next 64 columns, its rows' sums): 56 KiB
+// at D = 128, four blocks in the SM's 228 KiB; the VSA dQ: Q, dO, K, V.
+constexpr int sm90_compact_smem_bytes(int D, int tiles, bool ones_region = false) {
+  return tiles * 64 * D * 2 + (ones_region ? 64 * 128 : 3 * 8);
+}
+
+
+// sm_90a dK/dV: K and V (per consumer: one, or two with dQ fused), kStages (Q, dO) tile pairs, with
+// dQ fused two buffers of a dSᵀ tile per consumer (64 x 64 16-bit) and a 2048-byte tile of ones
+// (the B operand of rowsum(dS)); then the stages' lse and Delta, the stages' query-tile records
+// (16 bytes each, sm90/attention_dkdv.cuh StagedTile), mbarriers (fused: 4 more).
+constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
+  return (2 * (fuse_dq ? 2 : 1) + 2 * stages) * 64 * D * 2 +
+         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * (2 * 64 * 4 + 16) +
+         8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
+}
+
+// The stored dS: one 64 x 64 16-bit tile per (q unit, query tile, key tile or q2k slot), and the dQ
+// kernel that reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full
+// barrier each.
+constexpr int64_t sm90_ds_tile_bytes = 64 * 64 * 2;
+constexpr int sm90_dq_from_ds_smem_bytes(int D, int stages) {
+  return stages * (64 * D * 2 + static_cast<int>(sm90_ds_tile_bytes)) + 8 * stages;
+}
+
+// The fused backward's accumulator rows: every (b, q head)'s query rows, rounded up to 64.
+constexpr int64_t sm90_dq_accumulator_rows(int64_t B, int64_t Hq, int64_t Sq) {
+  return B * Hq * ((Sq + 63) / 64) * 64;
+}
+// Its fp32 dQ accumulator and rowsum(dS), in bytes: dq_accum (D floats a row), then ds_rowsum (one).
+constexpr int64_t sm90_dq_accumulator_bytes(int64_t B, int64_t Hq, int64_t Sq, int64_t D) {
+  return sm90_dq_accumulator_rows(B, Hq, Sq) * (D + 1) * 4;
+}
+
+}  // namespace fva::kern
