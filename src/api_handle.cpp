@@ -6,7 +6,6 @@
 #include <new>
 
 #include "checks.h"
-#include "cpu/parallel.h"
 #include "cuda/kernel_images.h"
 #include "error.h"
 #include "handle.h"
@@ -32,7 +31,6 @@ namespace {
 
 void init_cpu(fva_handle& h) {
   h.backend = FVA_BACKEND_CPU;
-  h.threads = cpu::default_thread_count();
   h.image = "cpu";
 }
 
@@ -68,6 +66,8 @@ fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
     auto h = std::make_unique<fva_handle>();
     h->deterministic = o.deterministic;
     h->kernels = o.kernels;
+    h->tuning = resolve_tuning_options(o);  // the environment's defaults, read here only
+    h->threads = h->tuning.cpu_threads;
     if (o.backend == FVA_BACKEND_CPU) {
       init_cpu(*h);
     } else {
@@ -95,13 +95,15 @@ fva_status_t fva_get_info(fva_handle_t handle, fva_handle_info_t* info) {
     using namespace fva;
     const fva_handle& h = checked_handle(handle);
     check_not_null(info, "info");
-    if (info->struct_size < sizeof(fva_handle_info_t))
+    // The version-1 struct ends after device_name; later fields are written when the caller's
+    // struct has room for them.
+    constexpr size_t kInfoSizeAbi1 = offsetof(fva_handle_info_t, deterministic);
+    if (info->struct_size < kInfoSizeAbi1)
       fail(FVA_ERR_INVALID_ARGUMENT,
            "info->struct_size is {} but must be at least {} (sizeof(fva_handle_info_t) in ABI {})",
-           info->struct_size, sizeof(fva_handle_info_t), FVA_ABI_VERSION);
+           info->struct_size, kInfoSizeAbi1, FVA_ABI_VERSION);
     fva_handle_info_t r;
     std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
     r.backend = h.backend;
     if (h.backend == FVA_BACKEND_CUDA) {
       r.device = h.device.ordinal;
@@ -115,7 +117,17 @@ fva_status_t fva_get_info(fva_handle_t handle, fva_handle_info_t* info) {
       std::strncpy(r.device_name, "CPU reference backend", sizeof r.device_name - 1);
     }
     std::strncpy(r.image, h.image.c_str(), sizeof r.image - 1);
-    std::memcpy(info, &r, sizeof r);  // struct_size becomes what this library filled
+    r.deterministic = h.deterministic;
+    r.kernels = h.kernels;
+    r.qat_forward_split = h.tuning.qat_forward_split;
+    r.qat_forward_clusters = h.tuning.qat_forward_clusters ? 1 : 0;
+    r.ds_budget_mib = h.tuning.ds_budget_mib;
+    r.chained_launches =
+        h.backend == FVA_BACKEND_CUDA && cuda::chained_launches_supported(h.device, h.tuning) ? 1 : 0;
+    r.cpu_threads = h.threads;
+    const size_t n = std::min<size_t>(info->struct_size, sizeof r);
+    r.struct_size = static_cast<uint32_t>(n);
+    std::memcpy(info, &r, n);  // struct_size becomes what this library filled
   });
 }
 

@@ -33,14 +33,14 @@ fva_qat_config_t checked_qat_config(const fva_qat_config_t* user) {
 }
 
 // Checks q, k, v and the config; returns the resolved problem.
-cpu::QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_tensor_t* q,
+QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_tensor_t* q,
                                     const fva_tensor_t* k, const fva_tensor_t* v) {
   const fva_qat_config_t cfg = checked_qat_config(user_cfg);
   check_qkv(q, k, v);
   if (!qat_head_dim_supported(q->shape[kD]))
     fail(FVA_ERR_UNSUPPORTED, "q: head dim shape[3] = {} is not supported; D must be 16, 32, 64, 128 or 256",
          q->shape[kD]);
-  cpu::QatProblem p;
+  QatProblem p;
   p.cfg = cfg;
   p.scale = resolve_softmax_scale(cfg.softmax_scale, q->shape[kD]);
   p.dtype = q->dtype;
@@ -53,13 +53,13 @@ cpu::QatProblem checked_qat_problem(const fva_qat_config_t* user_cfg, const fva_
   return p;
 }
 
-size_t forward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
+size_t forward_workspace(const fva_handle& h, const QatProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::qat_forward_workspace(p);
   cuda::require_qat_support(p, p.dtype);
   return cuda::qat_forward_workspace(h, p);
 }
 
-size_t backward_workspace(const fva_handle& h, const cpu::QatProblem& p) {
+size_t backward_workspace(const fva_handle& h, const QatProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::qat_backward_workspace(p);
   cuda::require_qat_support(p, p.dtype);
   return cuda::qat_backward_workspace(h, p);
@@ -86,7 +86,7 @@ fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const 
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    const cpu::QatProblem p = checked_qat_problem(cfg, q, k, v);
+    const QatProblem p = checked_qat_problem(cfg, q, k, v);
     check_like("o", o, "q", q, true);
     if (p.cfg.high_precision_o) {
       if (o_hp == nullptr)
@@ -130,7 +130,7 @@ fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    const cpu::QatProblem p = checked_qat_problem(cfg, q, k, v);
+    const QatProblem p = checked_qat_problem(cfg, q, k, v);
     check_like("o_for_bwd", o_for_bwd, "q", q, false);
     check_lse(lse, q, false);
     check_like("dout", dout, "q", q, false);
@@ -178,7 +178,7 @@ fva_status_t fva_nvfp4_fake_quantize(fva_handle_t h, const fva_nvfp4_config_t* c
     if (!in_place) check_no_overlap({{"x", x, false}, {"y", y, true}});
     require_backend_support(handle, "fva_nvfp4_fake_quantize");
 
-    cpu::Nvfp4Problem p;
+    Nvfp4Problem p;
     p.scale_mode = c.scale_mode;
     p.tile_tokens = c.tile_tokens;
     if (handle.backend == FVA_BACKEND_CUDA) {

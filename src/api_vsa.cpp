@@ -14,18 +14,18 @@ fva_vsa_config_t checked_vsa_config(const fva_vsa_config_t* user) {
   check_softmax_scale(c.softmax_scale, "cfg->softmax_scale");
   if (c.block_size < 1)
     fail(FVA_ERR_INVALID_ARGUMENT, "cfg->block_size is {} but must be positive", c.block_size);
-  if (c.block_size != cpu::kVsaBlock)
+  if (c.block_size != kVsaBlock)
     fail(FVA_ERR_UNSUPPORTED, "cfg->block_size is {} but only {} is supported", c.block_size,
-         cpu::kVsaBlock);
+         kVsaBlock);
   return c;
 }
 
 void check_sequence_blocks(const char* name, const fva_tensor_t* t) {
-  if (t->shape[kS] % cpu::kVsaBlock != 0)
+  if (t->shape[kS] % kVsaBlock != 0)
     fail(FVA_ERR_INVALID_ARGUMENT,
          "{}: shape[2] is {} but VSA needs a multiple of {} (pad each block to 64 tokens and pass "
          "the real sizes in block_sizes)",
-         name, t->shape[kS], cpu::kVsaBlock);
+         name, t->shape[kS], kVsaBlock);
 }
 
 // q2k_idx: int32 [B, Hq, num_q_blocks, max_k].
@@ -33,11 +33,11 @@ void check_q2k_idx(const fva_tensor_t* idx, const fva_tensor_t* q) {
   check_tensor("q2k_idx", idx, 4, kI32Only, false, "[B, H, num_q_blocks, max_k]");
   check_dim_matches("q2k_idx", idx, 0, "q", q, kB);
   check_dim_matches("q2k_idx", idx, 1, "q", q, kH);
-  check_dim_is("q2k_idx", idx, 2, q->shape[kS] / cpu::kVsaBlock, "num_q_blocks = q.shape[2] / 64");
+  check_dim_is("q2k_idx", idx, 2, q->shape[kS] / kVsaBlock, "num_q_blocks = q.shape[2] / 64");
 }
 
 // Checks config, q, k, v and q2k_idx; returns the resolved problem.
-cpu::VsaProblem checked_vsa_problem(const fva_vsa_config_t* user_cfg, const fva_tensor_t* q,
+VsaProblem checked_vsa_problem(const fva_vsa_config_t* user_cfg, const fva_tensor_t* q,
                                     const fva_tensor_t* k, const fva_tensor_t* v,
                                     const fva_tensor_t* q2k_idx) {
   const fva_vsa_config_t cfg = checked_vsa_config(user_cfg);
@@ -48,14 +48,14 @@ cpu::VsaProblem checked_vsa_problem(const fva_vsa_config_t* user_cfg, const fva_
     fail(FVA_ERR_UNSUPPORTED, "q: head dim shape[3] = {} is not supported; VSA needs D = 64 or 128",
          q->shape[kD]);
   check_q2k_idx(q2k_idx, q);
-  cpu::VsaProblem p;
+  VsaProblem p;
   p.scale = resolve_softmax_scale(cfg.softmax_scale, q->shape[kD]);
   p.dtype = q->dtype;
   p.B = q->shape[kB];
   p.Hq = q->shape[kH];
   p.Hkv = k->shape[kH];
-  p.num_q_blocks = q->shape[kS] / cpu::kVsaBlock;
-  p.num_kv_blocks = k->shape[kS] / cpu::kVsaBlock;
+  p.num_q_blocks = q->shape[kS] / kVsaBlock;
+  p.num_kv_blocks = k->shape[kS] / kVsaBlock;
   p.max_k = q2k_idx->shape[3];
   p.D = q->shape[kD];
   return p;
@@ -63,7 +63,7 @@ cpu::VsaProblem checked_vsa_problem(const fva_vsa_config_t* user_cfg, const fva_
 
 // q2k_num int32 [B, Hq, num_q_blocks] and block_sizes int32 [num_kv_blocks].
 void check_block_metadata(const fva_tensor_t* q2k_num, const fva_tensor_t* block_sizes,
-                          const fva_tensor_t* q2k_idx, const cpu::VsaProblem& p) {
+                          const fva_tensor_t* q2k_idx, const VsaProblem& p) {
   check_tensor("q2k_num", q2k_num, 3, kI32Only, false, "[B, H, num_q_blocks]");
   for (int d = 0; d < 3; ++d) check_dim_matches("q2k_num", q2k_num, d, "q2k_idx", q2k_idx, d);
   check_tensor("block_sizes", block_sizes, 1, kI32Only, false, "[num_kv_blocks]");
@@ -71,13 +71,13 @@ void check_block_metadata(const fva_tensor_t* q2k_num, const fva_tensor_t* block
 }
 
 // q2k_idx and k2q_idx agree on B, H and the block counts; returns the inversion problem.
-cpu::VsaIndexProblem checked_index_problem(const fva_tensor_t* q2k_idx, const fva_tensor_t* k2q_idx) {
+VsaIndexProblem checked_index_problem(const fva_tensor_t* q2k_idx, const fva_tensor_t* k2q_idx) {
   check_tensor("q2k_idx", q2k_idx, 4, kI32Only, false, "[B, H, num_q_blocks, max_k]");
   check_tensor("k2q_idx", k2q_idx, 4, kI32Only, true, "[B, H, num_kv_blocks, num_q_blocks]");
   check_dim_matches("k2q_idx", k2q_idx, 0, "q2k_idx", q2k_idx, 0);
   check_dim_matches("k2q_idx", k2q_idx, 1, "q2k_idx", q2k_idx, 1);
   check_dim_matches("k2q_idx", k2q_idx, 3, "q2k_idx", q2k_idx, 2);
-  cpu::VsaIndexProblem p;
+  VsaIndexProblem p;
   p.B = q2k_idx->shape[0];
   p.H = q2k_idx->shape[1];
   p.num_q_blocks = q2k_idx->shape[2];
@@ -86,19 +86,19 @@ cpu::VsaIndexProblem checked_index_problem(const fva_tensor_t* q2k_idx, const fv
   return p;
 }
 
-size_t forward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
+size_t forward_workspace(const fva_handle& h, const VsaProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::vsa_forward_workspace(p);
   cuda::require_vsa_support(p, p.dtype);
-  return cuda::vsa_forward_workspace(p);
+  return cuda::vsa_forward_workspace(h, p);
 }
 
-size_t backward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
+size_t backward_workspace(const fva_handle& h, const VsaProblem& p) {
   if (h.backend == FVA_BACKEND_CPU) return cpu::vsa_backward_workspace(p);
   cuda::require_vsa_support(p, p.dtype);
   return cuda::vsa_backward_workspace(h, p);
 }
 
-size_t invert_workspace(const fva_handle& h, const cpu::VsaIndexProblem& p) {
+size_t invert_workspace(const fva_handle& h, const VsaIndexProblem& p) {
   return h.backend == FVA_BACKEND_CPU ? cpu::vsa_invert_indices_workspace(p)
                                       : cuda::vsa_invert_indices_workspace(p);
 }
@@ -126,7 +126,7 @@ fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const 
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    const cpu::VsaProblem p = checked_vsa_problem(cfg, q, k, v, q2k_idx);
+    const VsaProblem p = checked_vsa_problem(cfg, q, k, v, q2k_idx);
     check_block_metadata(q2k_num, block_sizes, q2k_idx, p);
     check_like("o", o, "q", q, true);
     check_lse(lse, q, true);
@@ -167,7 +167,7 @@ fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    const cpu::VsaProblem p = checked_vsa_problem(cfg, q, k, v, q2k_idx);
+    const VsaProblem p = checked_vsa_problem(cfg, q, k, v, q2k_idx);
     check_block_metadata(q2k_num, block_sizes, q2k_idx, p);
     check_like("o", o, "q", q, false);
     check_lse(lse, q, false);
@@ -210,7 +210,7 @@ fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    const cpu::VsaIndexProblem p = checked_index_problem(q2k_idx, k2q_idx);
+    const VsaIndexProblem p = checked_index_problem(q2k_idx, k2q_idx);
     check_tensor("q2k_num", q2k_num, 3, kI32Only, false, "[B, H, num_q_blocks]");
     for (int d = 0; d < 3; ++d) check_dim_matches("q2k_num", q2k_num, d, "q2k_idx", q2k_idx, d);
     check_tensor("k2q_num", k2q_num, 3, kI32Only, true, "[B, H, num_kv_blocks]");

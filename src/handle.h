@@ -1,10 +1,12 @@
-// What a handle holds: the backend it resolved to, and for CUDA the device it is bound to.
+// What a handle holds: the backend it resolved to, its resolved options, and for CUDA the device it
+// is bound to.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "checks.h"
+#include "core/options.h"
 #include "cuda/driver.h"
 #include "error.h"
 #include "fvattn/fvattn.h"
@@ -13,7 +15,8 @@ struct fva_handle {
   int32_t backend = FVA_BACKEND_CPU;  // resolved: never FVA_BACKEND_AUTO
   int32_t deterministic = 0;
   int32_t kernels = FVA_KERNELS_AUTO;  // FVA_KERNELS_*: may the CUDA backend use native kernels
-  int threads = 1;                    // CPU backend worker threads
+  fva::TuningOptions tuning;           // resolved by fva_create (core/options.h)
+  int threads = 1;                     // CPU backend worker threads (tuning.cpu_threads)
   fva::cuda::DeviceInfo device;       // CUDA backend only
   std::string image = "cpu";          // kernel image in use ("none": no image fits the device)
 };

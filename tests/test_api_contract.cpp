@@ -575,6 +575,177 @@ TEST_CASE("handles: options are checked; CUDA without a driver is FVA_ERR_NO_DEV
   CHECK(fva_destroy(nullptr) == FVA_OK);
 }
 
+// fva_get_info of a handle created with `o` (FVA_OK required).
+fva_handle_info_t info_of(const fva_handle_options_t& o) {
+  fva_handle_t h = nullptr;
+  REQUIRE_MESSAGE(fva_create(&h, &o) == FVA_OK, fva_last_error());
+  fva_handle_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  REQUIRE(fva_get_info(h, &info) == FVA_OK);
+  fva_destroy(h);
+  return info;
+}
+
+// Sets an environment variable for a scope, restoring what was there (to test that an option's
+// environment default is read once, by fva_create).
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+TEST_CASE("handles: tuning options are checked, resolved at create and reported by fva_get_info") {
+  fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
+  o.backend = FVA_BACKEND_CPU;
+  CHECK(o.qat_forward_split == FVA_OPTION_AUTO);
+  CHECK(o.qat_forward_clusters == FVA_OPTION_AUTO);
+  CHECK(o.ds_budget_mib == FVA_OPTION_AUTO);
+  CHECK(o.chained_launches == FVA_OPTION_AUTO);
+  CHECK(o.cpu_threads == FVA_OPTION_AUTO);
+  // Out of range: refused, naming the field.
+  struct Bad {
+    int32_t fva_handle_options_t::*field;
+    int32_t value;
+    const char* message;
+  };
+  const Bad bad[] = {
+      {&fva_handle_options_t::qat_forward_split, 9, "opts->qat_forward_split is 9"},
+      {&fva_handle_options_t::qat_forward_split, -2, "opts->qat_forward_split is -2"},
+      {&fva_handle_options_t::qat_forward_clusters, 2, "opts->qat_forward_clusters is 2"},
+      {&fva_handle_options_t::ds_budget_mib, -7, "opts->ds_budget_mib is -7"},
+      {&fva_handle_options_t::chained_launches, 5, "opts->chained_launches is 5"},
+      {&fva_handle_options_t::cpu_threads, 0, "opts->cpu_threads is 0"},
+      {&fva_handle_options_t::cpu_threads, 5000, "opts->cpu_threads is 5000"},
+  };
+  for (const Bad& b : bad) {
+    INFO(b.message);
+    fva_handle_options_t x = o;
+    x.*b.field = b.value;
+    fva_handle_t h = reinterpret_cast<fva_handle_t>(0x1);
+    CHECK(fva_create(&h, &x) == FVA_ERR_INVALID_ARGUMENT);
+    CHECK(h == nullptr);
+    CHECK(std::string(fva_last_error()).find(b.message) == 0);
+  }
+  // Set: reported as set (a split of 1 is no split, reported 0).
+  fva_handle_options_t set = o;
+  set.qat_forward_split = 1;
+  set.qat_forward_clusters = 0;
+  set.ds_budget_mib = 12;
+  set.chained_launches = 0;
+  set.cpu_threads = 3;
+  fva_handle_info_t info = info_of(set);
+  CHECK(info.qat_forward_split == 0);
+  CHECK(info.qat_forward_clusters == 0);
+  CHECK(info.ds_budget_mib == 12);
+  CHECK(info.chained_launches == 0);  // a CPU handle chains nothing
+  CHECK(info.cpu_threads == 3);
+  CHECK(info.sm_count == 3);
+  CHECK(info.deterministic == 0);
+  CHECK(info.kernels == FVA_KERNELS_AUTO);
+  set.qat_forward_split = 5;
+  set.deterministic = 1;
+  set.kernels = FVA_KERNELS_PORTABLE;
+  info = info_of(set);
+  CHECK(info.qat_forward_split == 5);
+  CHECK(info.deterministic == 1);
+  CHECK(info.kernels == FVA_KERNELS_PORTABLE);
+  // A client built against a header that ends at `kernels` (20 bytes): every tuning option AUTO,
+  // whatever lies past its struct_size.
+  fva_handle_options_t old = o;
+  old.struct_size = 20;
+  old.cpu_threads = 0;  // would be refused if it were read
+  old.ds_budget_mib = -9;
+  {
+    ScopedEnv t("FVATTN_NUM_THREADS", "");
+    ScopedEnv b("FVATTN_DS_BUDGET_MIB", "");
+    info = info_of(old);
+  }
+  CHECK(info.ds_budget_mib == 2048);
+  CHECK(info.cpu_threads >= 1);
+  // A caller's info struct of ABI 1 (296 bytes): filled up to there, struct_size says so, the
+  // bytes past it untouched.
+  fva_handle_t h = nullptr;
+  REQUIRE(fva_create(&h, &o) == FVA_OK);
+  std::vector<uint8_t> raw(sizeof(fva_handle_info_t) + 16, 0xEE);
+  fva_handle_info_t* small = reinterpret_cast<fva_handle_info_t*>(raw.data());
+  small->struct_size = offsetof(fva_handle_info_t, deterministic);
+  REQUIRE(fva_get_info(h, small) == FVA_OK);
+  CHECK(small->struct_size == offsetof(fva_handle_info_t, deterministic));
+  CHECK(std::string(small->image) == "cpu");
+  for (size_t i = offsetof(fva_handle_info_t, deterministic); i < raw.size(); ++i) CHECK(raw[i] == 0xEE);
+  small->struct_size = offsetof(fva_handle_info_t, deterministic) - 4;
+  CHECK(fva_get_info(h, small) == FVA_ERR_INVALID_ARGUMENT);
+  fva_destroy(h);
+}
+
+TEST_CASE("handles: an environment variable supplies an AUTO option's default, read once at create") {
+  fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
+  o.backend = FVA_BACKEND_CPU;
+  fva_handle_t kept = nullptr;
+  {
+    ScopedEnv split("FVATTN_QAT_SPLIT", "3");
+    ScopedEnv clusters("FVATTN_QAT_CLUSTER", "0");
+    ScopedEnv budget("FVATTN_DS_BUDGET_MIB", "64");
+    ScopedEnv pdl("FVATTN_PDL", "0");
+    ScopedEnv threads("FVATTN_NUM_THREADS", "2");
+    fva_handle_info_t info = info_of(o);
+    CHECK(info.qat_forward_split == 3);
+    CHECK(info.qat_forward_clusters == 0);
+    CHECK(info.ds_budget_mib == 64);
+    CHECK(info.cpu_threads == 2);
+    // A field that is set wins over its variable.
+    fva_handle_options_t set = o;
+    set.ds_budget_mib = 5;
+    set.cpu_threads = 1;
+    info = info_of(set);
+    CHECK(info.ds_budget_mib == 5);
+    CHECK(info.cpu_threads == 1);
+    REQUIRE(fva_create(&kept, &o) == FVA_OK);
+  }
+  // The variables are gone, the handle keeps what create read.
+  {
+    ScopedEnv budget("FVATTN_DS_BUDGET_MIB", "auto");
+    ScopedEnv threads("FVATTN_NUM_THREADS", "");
+    fva_handle_info_t info;
+    info.struct_size = sizeof info;
+    REQUIRE(fva_get_info(kept, &info) == FVA_OK);
+    CHECK(info.ds_budget_mib == 64);
+    CHECK(info.cpu_threads == 2);
+    CHECK(info_of(o).ds_budget_mib == 2048);
+  }
+  fva_destroy(kept);
+  // A malformed variable: create refuses, naming it and the field; with the field set, the
+  // variable is not read.
+  const std::pair<const char*, const char*> malformed[] = {
+      {"FVATTN_QAT_SPLIT", "many"}, {"FVATTN_QAT_SPLIT", "9"},   {"FVATTN_QAT_CLUSTER", "2"},
+      {"FVATTN_DS_BUDGET_MIB", "1.5"}, {"FVATTN_DS_BUDGET_MIB", "-5"}, {"FVATTN_PDL", "yes"},
+      {"FVATTN_NUM_THREADS", "0"}};
+  for (const auto& [name, value] : malformed) {
+    INFO(name << "=" << value);
+    ScopedEnv env(name, value);
+    fva_handle_t h = reinterpret_cast<fva_handle_t>(0x1);
+    CHECK(fva_create(&h, &o) == FVA_ERR_INVALID_ARGUMENT);
+    CHECK(h == nullptr);
+    const std::string msg = fva_last_error();
+    CHECK(msg.find(name) != std::string::npos);
+    CHECK(msg.find(std::string("'") + value + "'") != std::string::npos);
+  }
+  ScopedEnv env("FVATTN_DS_BUDGET_MIB", "lots");
+  fva_handle_options_t set = o;
+  set.ds_budget_mib = 0;
+  CHECK(info_of(set).ds_budget_mib == 0);
+}
+
 TEST_CASE("statuses and versions") {
   const char* names[] = {"FVA_OK", "FVA_ERR_INVALID_ARGUMENT", "FVA_ERR_UNSUPPORTED",
                          "FVA_ERR_WORKSPACE_TOO_SMALL", "FVA_ERR_NO_DEVICE", "FVA_ERR_CUDA",
@@ -602,10 +773,16 @@ TEST_CASE("ABI: struct layouts and constants are the published ones") {
   CHECK(sizeof(fva_tensor_t) == 8 + 4 + 4 + 6 * 8 + 6 * 8);
   CHECK(offsetof(fva_tensor_t, shape) == 16);
   CHECK(offsetof(fva_tensor_t, strides) == 64);
-  // fva_handle_options_t grew by appending `kernels` (struct_size versioning): ABI-1 clients pass
-  // 16 bytes, which fva_create still accepts (see the handles test).
+  // fva_handle_options_t grew by appending `kernels`, then the tuning options (struct_size
+  // versioning): ABI-1 clients pass 16 bytes, which fva_create still accepts (see the handles test).
   CHECK(offsetof(fva_handle_options_t, kernels) == 16);
-  CHECK(sizeof(fva_handle_options_t) == 20);
+  CHECK(offsetof(fva_handle_options_t, qat_forward_split) == 20);
+  CHECK(offsetof(fva_handle_options_t, qat_forward_clusters) == 24);
+  CHECK(offsetof(fva_handle_options_t, ds_budget_mib) == 28);
+  CHECK(offsetof(fva_handle_options_t, chained_launches) == 32);
+  CHECK(offsetof(fva_handle_options_t, cpu_threads) == 36);
+  CHECK(sizeof(fva_handle_options_t) == 40);
+  CHECK(FVA_OPTION_AUTO == -1);
   CHECK(FVA_KERNELS_AUTO == 0);
   CHECK(FVA_KERNELS_PORTABLE == 1);
   CHECK(sizeof(fva_qat_config_t) == 40);
@@ -613,7 +790,10 @@ TEST_CASE("ABI: struct layouts and constants are the published ones") {
   CHECK(offsetof(fva_qat_config_t, quantized_qkv_backward) == 36);
   CHECK(sizeof(fva_vsa_config_t) == 12);
   CHECK(sizeof(fva_nvfp4_config_t) == 12);
-  CHECK(sizeof(fva_handle_info_t) == 4 * 6 + 16 + 256);
+  // fva_handle_info_t: 296 bytes in ABI 1, then the resolved options appended.
+  CHECK(offsetof(fva_handle_info_t, deterministic) == 4 * 6 + 16 + 256);
+  CHECK(offsetof(fva_handle_info_t, cpu_threads) == 4 * 6 + 16 + 256 + 6 * 4);
+  CHECK(sizeof(fva_handle_info_t) == 4 * 6 + 16 + 256 + 7 * 4);
   CHECK(FVA_DTYPE_BF16 == 1);
   CHECK(FVA_DTYPE_I64 == 5);
   CHECK(FVA_ERR_INTERNAL == 7);

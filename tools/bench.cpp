@@ -95,7 +95,7 @@ std::vector<int32_t> vsa_lists(int64_t rows, int64_t nb, int64_t topk, bool loca
   std::vector<std::pair<double, int32_t>> score(static_cast<size_t>(nb));
   for (int64_t r = 0; r < rows * nb; ++r) {
     if (!local) {
-      std::shuffle(all.begin(), all.end(), rng);  // as before --lists: the same lists for a seed
+      std::shuffle(all.begin(), all.end(), rng);  // the same lists for a given seed
     } else {
       const int64_t q = r % nb, qt = q / (side * side), qy = q / side % side, qx = q % side;
       for (int64_t k = 0; k < nb; ++k) {

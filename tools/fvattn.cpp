@@ -160,6 +160,20 @@ const char* cuda_kernel_of(const char* op) {
   return "prep: one warp per token tile";
 }
 
+// A handle's options as fva_create resolved them (FVA_OPTION_AUTO fields from their environment
+// defaults, read once at create).
+void print_options(const fva_handle_info_t& info) {
+  const std::string split = info.qat_forward_split == FVA_OPTION_AUTO
+                                ? std::string("auto (planned per call)")
+                                : info.qat_forward_split == 0 ? std::string("never")
+                                                              : fmt::format("{} pieces", info.qat_forward_split);
+  fmt::print("  options: deterministic {}, kernels {}, qat_forward_split {}, qat_forward_clusters {}, "
+             "ds_budget_mib {}, chained_launches {}, cpu_threads {}\n",
+             info.deterministic, info.kernels == FVA_KERNELS_PORTABLE ? "portable" : "auto", split,
+             info.qat_forward_clusters ? "on where they apply" : "off", info.ds_budget_mib,
+             info.chained_launches ? "on" : "off", info.cpu_threads);
+}
+
 int cmd_info() {
   fmt::print("fvattn {}.{}.{} (library {}, ABI {}; header ABI {})\n", FVA_VERSION_MAJOR,
              FVA_VERSION_MINOR, FVA_VERSION_PATCH, fva_version(), fva_abi_version(), FVA_ABI_VERSION);
@@ -176,6 +190,7 @@ int cmd_info() {
                std::strcmp(info.image, "none") == 0
                    ? " (no image for this device: CUDA handles return FVA_ERR_UNSUPPORTED)"
                    : " (portable mma.sync kernels: QAT, VSA, NVFP4 prep)");
+    print_options(info);
     fva_destroy(h);
   } else {
     fmt::print("CUDA: unavailable: {}\n", fva_last_error());
@@ -190,7 +205,8 @@ int cmd_info() {
   opts.backend = FVA_BACKEND_CPU;
   check(fva_create(&h, &opts), "fva_create(CPU)");
   check(fva_get_info(h, &info), "fva_get_info");
-  fmt::print("CPU reference backend: {} worker threads (set FVATTN_NUM_THREADS to change)\n",
+  fmt::print("CPU reference backend: {} worker threads (the handle option cpu_threads; its default "
+             "from FVATTN_NUM_THREADS)\n",
              info.sm_count);
   fva_destroy(h);
   fmt::print("\ndispatch table:\n");

@@ -1,13 +1,13 @@
 // The SM clock and board power while a bench op runs, sampled through NVML (the driver's
 // libnvidia-ml.so.1, opened at run time: nothing to link, and a machine without it just reports no
 // samples). Why: the H200 caps its power at 700 W, and under a long backward it lowers the SM
-// clock from 1980 MHz to 1600-1700 (docs/perf.md, session 10), so a figure without its clock does
-// not say whether a kernel or the card's power state moved it. Only built when FVATTN_CUDA=ON.
+// clock from 1980 MHz to 1600-1800 (docs/perf.md), so a figure without its clock does not say
+// whether a kernel or the card's power state moved it. Only built when FVATTN_CUDA=ON.
 //
 // Power is the board's instantaneous reading (the NVML field NVML_FI_DEV_POWER_INSTANT) where the
 // driver has it. nvmlDeviceGetPowerUsage, the fallback, returns a trailing one-second average on
 // Ampere and later: for an op whose timed calls last a quarter of a second after `--settle`'s idle
-// it reported mostly the idle (130-300 W for ops that run the H200 at its 700 W limit). The
+// it reports mostly the idle, far below what the op draws. The
 // instantaneous field is itself refreshed only about every 100 ms on the H200 (as is the clock):
 // an op whose timed calls take less shows the reading from before it.
 #pragma once

@@ -24,8 +24,9 @@
  *     CPU backend ignores it and runs synchronously. No call synchronizes the device. A call's
  *     first kernel waits for the stream's earlier work as usual; on sm_90 and later devices with a
  *     CUDA 12.3+ driver its later kernels are programmatic dependent launches, each waiting for
- *     the one before it inside the call (the environment variable FVATTN_PDL=0 turns that off;
- *     "auto", 1 or unset: on; anything else makes every CUDA call FVA_ERR_INVALID_ARGUMENT).
+ *     the one before it inside the call (the handle option chained_launches turns that off).
+ *   - Every choice that changes what a call does or how much workspace it needs is an argument or a
+ *     handle option fixed by fva_create; no call reads the environment.
  *   - No call allocates device memory; scratch comes from the caller (the workspace).
  *   - Every options struct starts with uint32_t struct_size and has an *_INIT initializer, so later
  *     versions can append fields without breaking callers compiled against this header.
@@ -133,25 +134,52 @@ typedef struct fva_handle* fva_handle_t;
                                   kernels where they cover the call, the portable ones elsewhere */
 #define FVA_KERNELS_PORTABLE 1 /* the portable (mma.sync) kernels only, on every device */
 
+/* The automatic setting of a tuning option (the fields of fva_handle_options_t after `kernels`):
+ * the environment variable the field names supplies the default when it is set (read once, by
+ * fva_create), else the library chooses. */
+#define FVA_OPTION_AUTO (-1)
+
 typedef struct fva_handle_options {
   uint32_t struct_size;  /* sizeof(fva_handle_options_t) */
   int32_t backend;       /* FVA_BACKEND_* */
   int32_t device;        /* CUDA device ordinal; -1: the calling thread's current device (or 0) */
   int32_t deterministic; /* 1: bitwise reproducible results run to run (the CPU backend always is).
                             0 (default): the same, except on sm_90 for a QAT backward at D = 128
-                            too large for the stored-dS budget (see fva_qat_backward_workspace_size):
-                            it then sums dQ with fp32 atomics (its last bits vary run to run; dK and
-                            dV do not), which is faster than a deterministic handle's dQ kernel */
+                            whose stored dS does not fit ds_budget_mib (see
+                            fva_qat_backward_workspace_size): it then sums dQ with fp32 atomics (its
+                            last bits vary run to run; dK and dV do not), which is faster than a
+                            deterministic handle's dQ kernel */
   int32_t kernels;       /* FVA_KERNELS_*; appended after ABI 1: a struct_size that ends before it
                             (a client built against the older header) means FVA_KERNELS_AUTO */
+  /* Tuning options, appended after `kernels` (a struct_size that ends before one of them means
+   * FVA_OPTION_AUTO for it). None of them changes a result beyond what its comment says. */
+  int32_t qat_forward_split;    /* sm_90 QAT forward (not causal): split the query tiles of its
+                                   grid's last, partial wave over their key tiles so every SM takes a
+                                   share. AUTO: planned per call from the SM count [FVATTN_QAT_SPLIT];
+                                   0 or 1: never; 2..8: that many pieces (at most the key tiles).
+                                   Split tiles differ from unsplit ones in rounding only */
+  int32_t qat_forward_clusters; /* sm_90 QAT forward in clusters of two blocks that share their K/V
+                                   loads, where the shape allows and the device keeps every SM busy
+                                   with them (bit for bit the same outputs). AUTO or 1: so;
+                                   0: never [FVATTN_QAT_CLUSTER] */
+  int32_t ds_budget_mib;        /* sm_90 backwards: workspace for stored dS tiles (8 KiB per tile
+                                   pair and head), in MiB. AUTO: 2048 [FVATTN_DS_BUDGET_MIB];
+                                   0: never store dS; 1..2^30 */
+  int32_t chained_launches;     /* programmatic dependent launches between the kernels of one call
+                                   (sm_90+, CUDA 12.3+ driver). AUTO or 1: where supported;
+                                   0: never [FVATTN_PDL] */
+  int32_t cpu_threads;          /* CPU backend worker threads. AUTO: the hardware's concurrency
+                                   [FVATTN_NUM_THREADS]; 1..4096 */
 } fva_handle_options_t;
 
-#define FVA_HANDLE_OPTIONS_INIT \
-  {(uint32_t)sizeof(fva_handle_options_t), FVA_BACKEND_AUTO, -1, 0, FVA_KERNELS_AUTO}
+#define FVA_HANDLE_OPTIONS_INIT                                                                 \
+  {(uint32_t)sizeof(fva_handle_options_t), FVA_BACKEND_AUTO, -1, 0, FVA_KERNELS_AUTO,           \
+   FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO}
 
 /* Creates a handle. opts may be NULL (defaults: FVA_HANDLE_OPTIONS_INIT).
  * Returns FVA_OK; FVA_ERR_INVALID_ARGUMENT (out NULL, struct_size too small, backend or device out of
- * range); FVA_ERR_NO_DEVICE (CUDA asked for, but libcuda.so.1 cannot be loaded, cuInit fails or the
+ * range, a tuning option out of range, or an environment variable that supplies an AUTO option's
+ * default malformed: the message names it); FVA_ERR_NO_DEVICE (CUDA asked for, but libcuda.so.1 cannot be loaded, cuInit fails or the
  * device does not exist); FVA_ERR_CUDA; FVA_ERR_OUT_OF_MEMORY. On failure *out is set to NULL. */
 FVA_API fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts);
 /* Destroys a handle; NULL is a no-op. Returns FVA_OK. */
@@ -166,9 +194,20 @@ typedef struct fva_handle_info {
   int32_t sm_count;       /* multiprocessors; CPU backend: worker threads */
   char image[16];         /* kernel image in use: "sm_90a", ..., "cpu"; "none" if no image fits */
   char device_name[256];  /* NUL-terminated */
+  /* Appended after ABI 1: what the handle's options resolved to (fields past the caller's
+   * struct_size are not written). */
+  int32_t deterministic;
+  int32_t kernels;              /* FVA_KERNELS_* */
+  int32_t qat_forward_split;    /* FVA_OPTION_AUTO (planned per call), 0 (never) or 2..8 */
+  int32_t qat_forward_clusters; /* 0 or 1 */
+  int32_t ds_budget_mib;        /* MiB; 0: never */
+  int32_t chained_launches;     /* 1 when this handle's calls chain their kernels (device and driver
+                                   support it and the option allows it) */
+  int32_t cpu_threads;          /* the CPU backend's worker threads (also for a CUDA handle) */
 } fva_handle_info_t;
 
-/* Fills *info (info->struct_size must be at least sizeof of the version-1 struct).
+/* Fills *info up to info->struct_size bytes (at least sizeof of the version-1 struct, which ends
+ * after device_name) and sets info->struct_size to the bytes written.
  * Returns FVA_OK or FVA_ERR_INVALID_ARGUMENT. */
 FVA_API fva_status_t fva_get_info(fva_handle_t handle, fva_handle_info_t* info);
 
@@ -218,15 +257,8 @@ typedef struct fva_qat_config {
  * quantized P 1 KiB more for its keys' row maxima, which the later pieces' FQ_P starts its
  * running max from; two flags each). A split tile's outputs are reproducible run to run and
  * differ from an unsplit tile's in rounding only (FQ_P's scales and codes are SPEC's); which
- * tiles split depends on the device's SM count. The environment variable FVATTN_QAT_SPLIT (read
- * at every call; keep it unchanged between the query and the forward) overrides the plan: "auto"
- * (or unset), 0 (or 1) never split, N >= 2 split the last wave's tiles into N pieces (at most 8
- * and the key tiles); anything else is FVA_ERR_INVALID_ARGUMENT. FVATTN_QAT_CLUSTER (read at
- * every call) does not change the workspace: "auto", 1 (or unset) run that forward in clusters of
- * two blocks sharing their K/V loads where the shape allows (not causal, an even count of 128-row
- * query tiles per head) and the device runs enough pairs at once to keep every SM busy (the
- * outputs are bit for bit those without), 0 never; anything else is
- * FVA_ERR_INVALID_ARGUMENT. */
+ * tiles split depends on the device's SM count and on the handle's qat_forward_split option.
+ * qat_forward_clusters does not change the workspace. */
 FVA_API fva_status_t fva_qat_forward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                                     const fva_tensor_t* q, const fva_tensor_t* k,
                                                     const fva_tensor_t* v, size_t* bytes);
@@ -237,17 +269,15 @@ FVA_API fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg
                                      const fva_tensor_t* v, const fva_tensor_t* o,
                                      const fva_tensor_t* o_hp, const fva_tensor_t* lse, void* ws,
                                      size_t ws_bytes, void* stream);
-/* Bytes of workspace fva_qat_backward needs. It depends on the handle and, on sm_90, on the
- * environment variable FVATTN_DS_BUDGET_MIB (read at every call; keep it unchanged between the query
- * and the backward):
+/* Bytes of workspace fva_qat_backward needs. It depends on the handle (device, deterministic,
+ * ds_budget_mib):
  *   - on sm_90 the backward stores dS, 8 KiB per (64-query tile, 64-key tile) pair and head, in the
  *     workspace (dQ then costs one product per pair instead of three, and stays reproducible), at
- *     most FVATTN_DS_BUDGET_MIB MiB of it (default 2048; 0: never), running the (batch, kv head)
- *     pairs in chunks that fit;
+ *     most ds_budget_mib MiB of it (default 2048; 0: never), running the (batch, kv head) pairs in
+ *     chunks that fit;
  *   - when a single (batch, kv head) does not fit, a handle that is not deterministic needs an fp32
  *     dQ accumulator instead at D = 128 (4 (D + 1) bytes per query row and head, rows rounded up
- *     to 64), and a deterministic handle nothing more.
- * A malformed FVATTN_DS_BUDGET_MIB (not a whole number from 0 to 2^30) is FVA_ERR_INVALID_ARGUMENT. */
+ *     to 64), and a deterministic handle nothing more. */
 FVA_API fva_status_t fva_qat_backward_workspace_size(fva_handle_t h, const fva_qat_config_t* cfg,
                                                      const fva_tensor_t* q, const fva_tensor_t* k,
                                                      const fva_tensor_t* v, size_t* bytes);
@@ -332,7 +362,7 @@ FVA_API fva_status_t fva_vsa_backward_workspace_size(fva_handle_t h, const fva_v
                                                      const fva_tensor_t* q2k_idx, size_t* bytes);
 /* Backward: writes dq, dk, dv. It inverts the indices itself, in its workspace, so the result is
  * deterministic; kv blocks nobody selects get exactly zero dk and dv. On sm_90 its workspace also
- * holds dS, 8 KiB per (q block, q2k_idx slot) and q head, within FVATTN_DS_BUDGET_MIB as for
+ * holds dS, 8 KiB per (q block, q2k_idx slot) and q head, within the handle's ds_budget_mib as for
  * fva_qat_backward_workspace_size (beyond it, dQ recomputes S and dP: slower, no extra workspace). */
 FVA_API fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg,
                                       const fva_tensor_t* q, const fva_tensor_t* k,

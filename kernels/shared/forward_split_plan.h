@@ -27,7 +27,7 @@ struct ForwardSplitPlan {
 // `forced` and a full last wave, that wave). The plan takes the count of pieces, 2 to
 // kMaxForwardSplitPieces with at least 8 key tiles a piece, that makes the last wave shortest by a
 // model: waves of pieces, each 1 / pieces of a tile (1.3 / pieces with quantized P: the maxima's
-// pass costs about 0.3 of a key tile's time per key tile, measured in session 26) plus its start
+// pass costs about 0.3 of a key tile's time per key tile) plus its start
 // (the ring's fill, Q's load, the merge: about 6 key tiles); nothing unless that beats the
 // unsplit wave (1 tile) by 2% of a tile.
 inline ForwardSplitPlan plan_forward_split(int64_t tiles, int64_t slots, int64_t key_tiles,
@@ -93,8 +93,7 @@ FVA_HD ForwardBlockWork forward_block_work(int block, int split_first, int split
 // where max_active_clusters of them fit at once (cuOccupancyMaxActiveClusters): only if they
 // keep every SM busy (one block per SM). Clusters live within a GPC, so a device whose GPCs hold
 // odd counts of usable SMs would leave SMs idle, which costs more (1/132 of the card per SM) than
-// the shared loads save (+0.7% at best on the H200, docs/perf.md session 29); 0 (the driver cannot
-// say): no clusters.
+// the shared loads save (under 1% of the kernel); 0 (the driver cannot say): no clusters.
 inline bool forward_clusters_fill_device(int max_active_clusters, int cluster, int sm_count) {
   return max_active_clusters > 0 && max_active_clusters * cluster >= sm_count;
 }

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "shared/kernel_traits.h"
+
 namespace fva::kern {
 
 // A [B, H, S, D] tensor (16-bit elements) with element strides; the last dimension is contiguous.
@@ -140,7 +142,7 @@ constexpr int kMaxQuantizeJobs = 3;
 // The 16-element groups per lane a warp of the quantization kernel loads, as raw words, before it
 // converts any (one memory round trip per batch). Block mode has no tile, so its work unit is one
 // batch of 32 x 2 groups (8 tokens at D = 128): few registers, many warps per SM, since the
-// conversion and not the memory bounds the kernel (docs/perf.md, session 24). Tile mode's tiles
+// conversion and not the memory bounds the kernel. Tile mode's tiles
 // (SPEC section 1: 32 tokens) go in batches of 8 groups per lane, one batch per tile at D = 128.
 constexpr int kQuantizeBlockBatch = 2;
 constexpr int kQuantizeTileBatch = 8;
@@ -224,67 +226,5 @@ struct InvertParams {
   int32_t* k2q_num;           // [B, H, num_kv_blocks]
   int64_t k2q_num_stride_b, k2q_num_stride_h, k2q_num_stride_kv;
 };
-
-// Dynamic shared memory of the attention kernels (one formula for the host and the kernels).
-constexpr int forward_smem_bytes(int D) { return 5 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K[2], V[2], slots
-constexpr int forward_2warp_smem_bytes(int D) { return 3 * 64 * D * 2 + 2 * 4 * 4; }  // Q, K, V, slots
-constexpr int dq_smem_bytes(int D) { return 6 * 64 * D * 2; }                     // Q, dO, K[2], V[2]
-// K, V (64 rows), Q[2], dO[2] (32 rows), lse[2][32], Delta[2][32], pair slots [2][4][32].
-constexpr int dkdv_smem_bytes(int D) { return 2 * 64 * D * 2 + 4 * 32 * D * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4; }
-
-// sm_90a forward: query tiles (Q: one 64-row tile per consumer warpgroup), kStages K tiles,
-// kStages V tiles each followed by a 64 x 64 region of ones (8 KiB: the 8 columns past V that
-// P·V's m64n(D+8) product reads, so that it sums P's rows too), mbarriers (1024 bytes).
-constexpr int sm90_forward_smem_bytes(int D, int query_tiles, int stages) {
-  return (query_tiles + 2 * stages) * 64 * D * 2 + stages * 64 * 128 + 1024;
-}
-
-// The QAT forward's tail split (Sm90ForwardParams): a piece's running state per consumer thread
-// (o when P is quantized, o_hp with the rows' sums, the rows' reference maxima), in floats rounded
-// up to whole 16-byte vectors; a consumer warpgroup's is 128 times that.
-constexpr int sm90_forward_partial_floats(int D, bool quantize_p) {
-  return ((quantize_p ? D / 2 : 0) + D / 2 + 4 + 2 + 3) / 4 * 4;
-}
-
-// Rows per warp of the Delta pre-pass (portable/attention_backward.cuh, attention_delta): each lane
-// reads 8 elements (16 bytes) of o and of dO, so a row of D takes D / 8 lanes; the host launches
-// 128-thread blocks of 4 warps.
-constexpr int delta_rows_per_warp(int D) { return 32 / (D / 8); }
-
-// sm_90a compact kernels (one warpgroup per block, sm90/compact_tiles.cuh): `tiles` tiles
-// and three mbarriers, or (ones_region) `tiles` tiles and an 8 KiB region of ones that holds the
-// barriers. The VSA forward: Q, K, V and the ones (P·V's next 64 columns, its rows' sums): 56 KiB
-// at D = 128, four blocks in the SM's 228 KiB; the VSA dQ: Q, dO, K, V.
-constexpr int sm90_compact_smem_bytes(int D, int tiles, bool ones_region = false) {
-  return tiles * 64 * D * 2 + (ones_region ? 64 * 128 : 3 * 8);
-}
-
-
-// sm_90a dK/dV: K and V (per consumer: one, or two with dQ fused), kStages (Q, dO) tile pairs, with
-// dQ fused two buffers of a dSᵀ tile per consumer (64 x 64 16-bit) and a 2048-byte tile of ones
-// (the B operand of rowsum(dS)); then the stages' lse and Delta, the stages' query-tile records
-// (16 bytes each, sm90/attention_dkdv.cuh StagedTile), mbarriers (fused: 4 more).
-constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
-  return (2 * (fuse_dq ? 2 : 1) + 2 * stages) * 64 * D * 2 +
-         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * (2 * 64 * 4 + 16) +
-         8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
-}
-
-// The stored dS: one 64 x 64 16-bit tile per (q unit, query tile, key tile or q2k slot), and the dQ
-// kernel that reads them: `stages` ring stages of a K tile (64 x D) and a dS tile, then a full
-// barrier each.
-constexpr int64_t sm90_ds_tile_bytes = 64 * 64 * 2;
-constexpr int sm90_dq_from_ds_smem_bytes(int D, int stages) {
-  return stages * (64 * D * 2 + static_cast<int>(sm90_ds_tile_bytes)) + 8 * stages;
-}
-
-// The fused backward's accumulator rows: every (b, q head)'s query rows, rounded up to 64.
-constexpr int64_t sm90_dq_accumulator_rows(int64_t B, int64_t Hq, int64_t Sq) {
-  return B * Hq * ((Sq + 63) / 64) * 64;
-}
-// Its fp32 dQ accumulator and rowsum(dS), in bytes: dq_accum (D floats a row), then ds_rowsum (one).
-constexpr int64_t sm90_dq_accumulator_bytes(int64_t B, int64_t Hq, int64_t Sq, int64_t D) {
-  return sm90_dq_accumulator_rows(B, Hq, Sq) * (D + 1) * 4;
-}
 
 }  // namespace fva::kern

@@ -11,25 +11,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/problems.h"
 #include "views.h"
 
 namespace fva::cpu {
 
-// NVFP4 fake quantization of a whole [B, H, S, D] tensor along D (fva_nvfp4_fake_quantize);
-// scale_mode FVA_SCALE_BLOCK or FVA_SCALE_TILE, tile_tokens >= 1. y may be x (in place).
-struct Nvfp4Problem {
-  int32_t scale_mode = FVA_SCALE_BLOCK;
-  int64_t tile_tokens = 32;
-};
+// NVFP4 fake quantization of a whole [B, H, S, D] tensor along D; y may be x (in place).
 void nvfp4_fake_quantize(const Nvfp4Problem& p, const AttnView& x, const AttnView& y, int threads);
-
-// QAT attention problem, resolved: cfg.softmax_scale already replaced by `scale`.
-struct QatProblem {
-  fva_qat_config_t cfg{};
-  float scale = 0.0f;
-  int32_t dtype = FVA_DTYPE_BF16;  // of q, k, v (and the outputs)
-  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0;
-};
 
 size_t qat_forward_workspace(const QatProblem& p);
 // Writes o, lse and, when o_hp is not null, o_hp (only when cfg.high_precision_o).
@@ -43,14 +31,6 @@ void qat_backward(const QatProblem& p, const AttnView& q, const AttnView& k, con
                   const AttnView& dq, const AttnView& dk, const AttnView& dv, void* ws,
                   int threads);
 
-// VSA problem: Sq = 64 * num_q_blocks, Skv = 64 * num_kv_blocks; max_k = q2k_idx.shape[3].
-struct VsaProblem {
-  float scale = 0.0f;
-  int32_t dtype = FVA_DTYPE_BF16;  // of q, k, v (and the outputs)
-  int64_t B = 0, Hq = 0, Hkv = 0, num_q_blocks = 0, num_kv_blocks = 0, max_k = 0, D = 0;
-};
-constexpr int64_t kVsaBlock = 64;
-
 size_t vsa_forward_workspace(const VsaProblem& p);
 void vsa_forward(const VsaProblem& p, const AttnView& q, const AttnView& k, const AttnView& v,
                  const I32View& q2k_idx, const I32View& q2k_num, const I32View& block_sizes,
@@ -63,10 +43,7 @@ void vsa_backward(const VsaProblem& p, const AttnView& q, const AttnView& k, con
                   const AttnView& dq, const AttnView& dk, const AttnView& dv, void* ws,
                   int threads);
 
-// Inversion of the q2k lists (H = the heads of q2k_idx).
-struct VsaIndexProblem {
-  int64_t B = 0, H = 0, num_q_blocks = 0, num_kv_blocks = 0, max_k = 0;
-};
+// Inversion of the q2k lists.
 size_t vsa_invert_indices_workspace(const VsaIndexProblem& p);
 void vsa_invert_indices(const VsaIndexProblem& p, const I32View& q2k_idx, const I32View& q2k_num,
                         const I32View& k2q_idx, const I32View& k2q_num, void* ws, int threads);

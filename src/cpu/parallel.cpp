@@ -46,14 +46,5 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& bo
   if (first_error) std::rethrow_exception(first_error);
 }
 
-int default_thread_count() {
-  if (const char* env = std::getenv("FVATTN_NUM_THREADS")) {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0 && v <= 4096) return static_cast<int>(v);
-  }
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
 
 }  // namespace fva::cpu

@@ -11,8 +11,4 @@ namespace fva::cpu {
 // are abandoned and the first exception is rethrown in the caller.
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& body);
 
-// The worker count a CPU handle uses: FVATTN_NUM_THREADS when set to a positive integer, else the
-// hardware concurrency (at least 1).
-int default_thread_count();
-
 }  // namespace fva::cpu

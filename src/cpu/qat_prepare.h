@@ -10,7 +10,7 @@
 
 #include "cpu_ops.h"
 #include "views.h"
-#include "workspace.h"
+#include "core/workspace.h"
 
 // Everything here lives in fva::cpu::qat, apart from the other CPU operations' helpers.
 namespace fva::cpu::qat {

@@ -10,7 +10,7 @@
 #include "cpu_ops.h"
 #include "parallel.h"
 #include "views.h"
-#include "workspace.h"
+#include "core/workspace.h"
 
 namespace fva::cpu::vsa {
 

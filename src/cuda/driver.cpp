@@ -7,6 +7,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/options.h"
+
 namespace fva::cuda {
 namespace {
 
@@ -34,7 +36,7 @@ bool bind(void* lib, const char* symbol, Fn* out, std::string* why) {
 
 Driver load() {
   Driver d;
-  if (const char* off = std::getenv("FVATTN_DISABLE_CUDA"); off && std::strcmp(off, "0") != 0 && *off) {
+  if (env_flag_set("FVATTN_DISABLE_CUDA")) {
     d.why = "the CUDA driver is disabled by FVATTN_DISABLE_CUDA";
     return d;
   }

@@ -6,7 +6,6 @@
 #include <mutex>
 #include <tuple>
 
-#include "environment.h"
 #include "error.h"
 
 namespace fva::cuda {
@@ -173,13 +172,6 @@ struct ChainState {
 };
 thread_local ChainState t_chain;
 
-// Whether FVATTN_PDL and the driver allow chained launches on `device`.
-bool launch_chain_enabled(const DeviceInfo& device) {
-  const bool allowed = env_switch_on("FVATTN_PDL");  // read (and checked) whatever the device
-  const Api* a = api();
-  return allowed && a != nullptr && a->cuLaunchKernelEx != nullptr && device.sm_major >= 9 &&
-         driver_version() >= 12030;
-}
 
 // cuLaunchKernelEx's configuration of `d` on `stream` with its attributes (`attrs` has room for
 // two): clusters where d.cluster_x > 1, and the programmatic dependency where `chained`.
@@ -210,9 +202,14 @@ CUlaunchConfig launch_config(const Launch& d, void* stream, bool chained, CUlaun
 }
 }  // namespace
 
-LaunchChain::LaunchChain(const DeviceInfo& device) {
-  const bool enabled = launch_chain_enabled(device);  // may throw: before the state changes
-  t_chain = ChainState{enabled, false};
+bool chained_launches_supported(const DeviceInfo& device, const TuningOptions& options) {
+  const Api* a = api();
+  return options.chained_launches && a != nullptr && a->cuLaunchKernelEx != nullptr &&
+         device.sm_major >= 9 && driver_version() >= 12030;
+}
+
+LaunchChain::LaunchChain(const DeviceInfo& device, const TuningOptions& options) {
+  t_chain = ChainState{chained_launches_supported(device, options), false};
 }
 
 LaunchChain::~LaunchChain() { t_chain = ChainState{}; }

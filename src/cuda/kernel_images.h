@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/options.h"
 #include "driver.h"
 
 namespace fva::cuda {
@@ -44,18 +45,22 @@ bool cluster_launch_available();
 int max_active_clusters(const char* family, const char* name, const DeviceInfo& device,
                         const Launch& dims, void* stream);
 
+// Whether a handle with `options` on `device` chains the kernels of its calls (below): the option
+// allows it, the device is sm_90 or later and the driver is CUDA 12.3 or later (stream capture of
+// such launches).
+bool chained_launches_supported(const DeviceInfo& device, const TuningOptions& options);
+
 // The kernels of one fvattn call as a chain of programmatic dependent launches (PDL): while a
 // LaunchChain lives on the calling thread, launch() gives every kernel after the chain's first the
 // driver's programmatic-stream-serialization attribute, so that kernel's blocks may become resident
 // while the kernel before it runs its last wave, and wait there (kernels/primitives/kernel_chain.cuh:
 // every kernel fvattn ships waits for its predecessor before touching memory). The first kernel
 // waits for whatever the stream held before the call, as always. Each op of the CUDA backend opens
-// one chain before its first launch. Off (every launch ordered by the stream alone) with
-// FVATTN_PDL=0, on devices before sm_90, or on drivers before CUDA 12.3 (stream capture of such
-// launches); a malformed FVATTN_PDL is FVA_ERR_INVALID_ARGUMENT from the constructor.
+// one chain before its first launch; where chained_launches_supported says no, every launch is
+// ordered by the stream alone.
 class LaunchChain {
  public:
-  explicit LaunchChain(const DeviceInfo& device);
+  LaunchChain(const DeviceInfo& device, const TuningOptions& options);
   ~LaunchChain();
   LaunchChain(const LaunchChain&) = delete;
   LaunchChain& operator=(const LaunchChain&) = delete;

@@ -1,12 +1,11 @@
 // Kernel parameter blocks (kernels/shared/kernel_params.h) from the API's tensor descriptors, and
-// the workspace carving the CUDA operations share.
+// the limits every CUDA kernel shares.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "shared/kernel_params.h"
-#include "cpu/workspace.h"
 #include "error.h"
 #include "fvattn/fvattn.h"
 
@@ -37,25 +36,6 @@ inline void set_backward_tensors(kern::AttentionParams& a, const fva_tensor_t& o
   a.dv = tensor4(dv);
   a.delta = delta;
 }
-
-// Sub-buffers of the caller's workspace, each on a 64-byte boundary from the aligned base. Used
-// twice per operation: once to size the workspace (base null), once to place the buffers.
-class WorkspaceCarver {
- public:
-  explicit WorkspaceCarver(void* ws) : base_(ws ? cpu::workspace_base(ws) : nullptr) {}
-  template <typename T>
-  T* take(size_t count) {
-    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += cpu::workspace_round_up(count * sizeof(T));
-    return p;
-  }
-  // Bytes the caller must provide for everything taken so far (with the alignment pad; 0 if none).
-  size_t bytes() const { return used_ ? used_ + cpu::kWorkspaceBasePad : 0; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 inline unsigned blocks_for(int64_t items, int64_t per_block) {
   return static_cast<unsigned>((items + per_block - 1) / per_block);

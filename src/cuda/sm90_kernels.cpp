@@ -7,10 +7,10 @@
 #include <limits>
 #include <string>
 
-#include "shared/forward_split_plan.h"
-#include "environment.h"
 #include "kernel_images.h"
 #include "params.h"
+#include "shared/forward_split_plan.h"
+#include "shared/kernel_traits.h"
 
 namespace fva::cuda {
 namespace {
@@ -22,12 +22,11 @@ constexpr int kTmaSwizzle128 = 3;    // CU_TENSOR_MAP_SWIZZLE_128B
 constexpr int kTmaL2Promote128 = 2;  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 constexpr int kTmaZeroFill = 0;      // CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out of bounds reads 0
 
-// Pipeline depth and consumer warpgroups of the warp-specialized kernels (kernels/CMakeLists.txt
-// instantiates these): the QAT forward and dK/dV. The VSA forward and both dQ kernels are compact:
-// one warpgroup per block, no ring.
-constexpr int kQatConsumers = 2, kQatStages = 4;
-constexpr int kDkdvStages = 2;  // dK/dV, QAT and VSA: two blocks per SM
-constexpr int kDsStages = 2;    // dQ from stored dS (QAT and VSA): four blocks per SM
+// The kernels' shapes (shared/kernel_traits.h, which kernels/instantiations.txt instantiates).
+constexpr int kQatConsumers = kern::kSm90ForwardConsumers;
+constexpr int kQatStages = kern::kSm90ForwardStages;
+constexpr int kDkdvStages = kern::kSm90DkdvStages;
+constexpr int kDsStages = kern::kSm90DsStages;
 
 // A [B, H, S, D] tensor as a 4-d map over (D, S, H, B), boxes of 64 columns x 64 rows.
 bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_t S, int64_t D,
@@ -46,10 +45,8 @@ bool encode(const Api& api, const kern::Tensor4& t, int64_t B, int64_t H, int64_
                                     kTmaL2Promote128, kTmaZeroFill) == CUDA_SUCCESS;
 }
 
-// The conditions every native kernel shares; the driver's API when they hold.
-const Api* native_api(const fva_handle& h, int64_t D) {
-  if (h.kernels != FVA_KERNELS_AUTO || h.image != "sm_90a") return nullptr;
-  if (D != 64 && D != 128) return nullptr;
+// The driver's API when it encodes TMA maps.
+const Api* tma_api() {
   const Api* api = cuda::api();
   return api != nullptr && api->cuTensorMapEncodeTiled != nullptr ? api : nullptr;
 }
@@ -61,7 +58,7 @@ Launch query_tile_launch(const kern::AttentionParams& a, int64_t q_units, size_t
   Launch l;
   l.grid_x = blocks_for(a.Sq, 64);
   l.grid_y = static_cast<unsigned>(q_units);
-  l.block = 128;
+  l.block = kern::kSm90CompactThreads;
   l.smem = smem;
   return l;
 }
@@ -75,19 +72,24 @@ Launch compact_launch(const kern::AttentionParams& a, int64_t D, int tiles,
 
 }  // namespace
 
-bool sm90_forward_prepare(const fva_handle& h, Sm90Kind kind, const kern::AttentionParams& a,
-                          int64_t D, bool quantize_p, int32_t p_scale,
-                          kern::Sm90ForwardParams* params, int64_t kv_rows) {
-  if (kind == Sm90Kind::kQat && quantize_p && p_scale != FVA_SCALE_BLOCK) return false;
-  const Api* api = native_api(h, D);
+bool sm90_available(const fva_handle& h, int64_t D) {
+  return h.kernels == FVA_KERNELS_AUTO && h.image == "sm_90a" && (D == 64 || D == 128) &&
+         tma_api() != nullptr;
+}
+
+bool sm90_covers_p_scale(bool quantize_p, int32_t p_scale) {
+  return !quantize_p || p_scale == FVA_SCALE_BLOCK;
+}
+
+bool sm90_encode_forward(Sm90Kind kind, const kern::AttentionParams& a, int64_t D, int64_t kv_rows,
+                         kern::Sm90ForwardParams* params) {
+  const Api* api = tma_api();
   if (api == nullptr) return false;
   params->a = a;
   params->q_tiles = params->split_first = 0;  // the QAT forward's launch sets them
   params->split_pieces = params->cluster = 1;
   params->split_partials = params->split_maxima = nullptr;
   params->split_flags = params->split_max_flags = nullptr;
-  // The driver refuses what the TMA cannot address (a stride of 0, say): then the portable
-  // kernels, which read through plain pointers, run the call.
   // (The VSA forward also stores o by the TMA, and has no o_hp.)
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, kv_rows, D, &params->k) &&
@@ -108,102 +110,83 @@ size_t Sm90ForwardSplit::maxima_floats() const {
   return quantize_p ? flag_words() * 128 * 2 : 0;
 }
 
-namespace {
-// FVATTN_QAT_SPLIT: -1 (unset or "auto": the plan), else the pieces asked for (0 and 1: none).
-int split_override() {
-  const char* env = std::getenv("FVATTN_QAT_SPLIT");
-  if (env != nullptr && std::string(env) == "auto") return -1;
-  const int64_t v = env_whole_number("FVATTN_QAT_SPLIT", -1, std::numeric_limits<int64_t>::max(),
-                                     "auto or a whole count of pieces");
-  return static_cast<int>(std::min<int64_t>(v, kern::kMaxForwardSplitPieces));
-}
-
-// FVATTN_QAT_CLUSTER: "0" runs the QAT forward without clusters; unset, "auto" or "1", in clusters
-// of two where they apply (sm90_forward_launch).
-bool clusters_allowed() { return env_switch_on("FVATTN_QAT_CLUSTER"); }
-
-// Whether the QAT forward's grid runs in clusters of two blocks that share their K/V loads
-// (sm90/attention_forward.cuh): the two blocks of a cluster run neighbouring query tiles of one
-// (b, q head) over the same key tiles, so the rows must see the same keys (not causal) and every
-// (b, q head) must have an even count of query tiles, as must the split tiles (each pair of them
-// splits into the same pieces: shared/forward_split_plan.h). The driver must launch clusters.
-bool qat_forward_clusters(const kern::AttentionParams& a, int64_t q_tiles, int64_t tiles,
-                          int64_t split_first) {
-  const bool allowed = clusters_allowed();  // read (and checked) on every launch
-  return allowed && a.causal == 0 && q_tiles % 2 == 0 && (tiles - split_first) % 2 == 0 &&
-         cluster_launch_available();
-}
-}  // namespace
-
-Sm90ForwardSplit sm90_qat_forward_split(const fva_handle& h, int64_t B, int64_t Hq, int64_t Sq,
-                                        int64_t Skv, int64_t D, bool causal, bool quantize_p,
-                                        int32_t p_scale) {
+Sm90ForwardSplit sm90_plan_forward_split(const fva_handle& h, int64_t B, int64_t Hq, int64_t Sq,
+                                         int64_t Skv, int64_t D, bool causal, bool quantize_p) {
   Sm90ForwardSplit s;
-  if (native_api(h, D) == nullptr || (quantize_p && p_scale != FVA_SCALE_BLOCK)) return s;
   s.D = D;
   s.quantize_p = quantize_p;
   s.tiles = static_cast<int64_t>(blocks_for(Sq, 64 * kQatConsumers)) * B * Hq;
   s.first = s.tiles;
-  const int forced = split_override();  // read (and checked) whenever a split may apply
-  (void)clusters_allowed();             // checked too, before the call launches anything
   if (causal) return s;
   // One block per SM (its 384 threads' registers fill one).
-  const kern::ForwardSplitPlan plan = kern::plan_forward_split(
-      s.tiles, h.device.sm_count, (Skv + 63) / 64, quantize_p, forced);
+  const kern::ForwardSplitPlan plan =
+      kern::plan_forward_split(s.tiles, h.device.sm_count, (Skv + 63) / 64, quantize_p,
+                               h.tuning.qat_forward_split);
   s.first = plan.first;
   s.pieces = plan.pieces;
   return s;
 }
 
-void sm90_forward_split_reset(const Sm90ForwardSplit& split, void* stream) {
-  if (split.pieces > 1 && split.flags != nullptr)
-    memset_words(split.flags, 0, 2 * split.flag_words(), stream, "the QAT forward's split flags");
+bool sm90_forward_clusters_allowed(const fva_handle& h, const Sm90ForwardSplit& split, int64_t Sq,
+                                   bool causal) {
+  const int64_t q_tiles = blocks_for(Sq, 64 * kQatConsumers);
+  const int64_t split_first = split.pieces > 1 ? split.first : split.tiles;
+  return h.tuning.qat_forward_clusters && !causal && q_tiles % 2 == 0 &&
+         (split.tiles - split_first) % 2 == 0 && cluster_launch_available();
 }
 
-void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90ForwardParams& params,
-                         int64_t D, int32_t dtype, bool quantize_p, void* stream,
-                         const Sm90ForwardSplit* split) {
-  const kern::AttentionParams& a = params.a;
-  if (kind == Sm90Kind::kVsa) {  // sm90/attention_forward_compact.cuh: Q, K, V tiles
-    const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
-    launch("sm90", name.c_str(), h.device, compact_launch(a, D, 3, /*ones_region=*/true), stream,
-           params);
-    return;
-  }
+void sm90_forward_split_reset(const Sm90ForwardSplit& split, const Sm90SplitBuffers& buffers,
+                              void* stream) {
+  if (split.pieces > 1 && buffers.flags != nullptr)
+    memset_words(buffers.flags, 0, 2 * split.flag_words(), stream, "the QAT forward's split flags");
+}
+
+void sm90_vsa_forward_launch(const fva_handle& h, const kern::Sm90ForwardParams& params, int64_t D,
+                             int32_t dtype, void* stream) {
+  // sm90/attention_forward_compact.cuh: Q, K, V tiles and the region of ones.
+  const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
+  launch("sm90", name.c_str(), h.device, compact_launch(params.a, D, 3, /*ones_region=*/true),
+         stream, params);
+}
+
+void sm90_qat_forward_launch(const fva_handle& h, const kern::Sm90ForwardParams& params, int64_t D,
+                             int32_t dtype, bool quantize_p, const Sm90ForwardSplit& split,
+                             const Sm90SplitBuffers& buffers, bool clusters_allowed, void* stream) {
   // sm90/attention_forward.cuh: a block per 64 x kQatConsumers query rows of every (b, q head), a
   // producer warpgroup beside the consumers, in a one-dimensional grid (sm90/forward_split.cuh).
+  const kern::AttentionParams& a = params.a;
   kern::Sm90ForwardParams P = params;
   const int64_t q_tiles = blocks_for(a.Sq, 64 * kQatConsumers);
   const int64_t tiles = q_tiles * a.B * a.Hq;
   P.q_tiles = static_cast<int32_t>(q_tiles);
-  P.split_first = static_cast<int32_t>(tiles);  // (the rest unsplit as sm90_forward_prepare left it)
-  const bool splits = split != nullptr && split->pieces > 1;
-  const int64_t blocks = splits ? split->first + (tiles - split->first) * split->pieces : tiles;
+  P.split_first = static_cast<int32_t>(tiles);  // (the rest unsplit as sm90_encode_forward left it)
+  const bool splits = split.pieces > 1;
+  const int64_t blocks = splits ? split.first + (tiles - split.first) * split.pieces : tiles;
   if (blocks > std::numeric_limits<int32_t>::max())
     fail(FVA_ERR_UNSUPPORTED, "q: {} query tiles of 128 rows exceed the native forward's grid",
          tiles);
   if (splits) {
-    if (split->tiles != tiles || split->partials == nullptr || split->flags == nullptr ||
-        split->quantize_p != quantize_p || (quantize_p && split->maxima == nullptr))
+    if (split.tiles != tiles || buffers.partials == nullptr || buffers.flags == nullptr ||
+        split.quantize_p != quantize_p || (quantize_p && buffers.maxima == nullptr))
       fail(FVA_ERR_INTERNAL, "the QAT forward's split plan does not match its launch");
-    P.split_first = static_cast<int32_t>(split->first);
-    P.split_pieces = split->pieces;
-    P.split_partials = split->partials;
-    P.split_flags = split->flags;
-    P.split_maxima = split->maxima;
-    P.split_max_flags = split->flags + split->flag_words();
+    P.split_first = static_cast<int32_t>(split.first);
+    P.split_pieces = split.pieces;
+    P.split_partials = buffers.partials;
+    P.split_flags = buffers.flags;
+    P.split_maxima = buffers.maxima;
+    P.split_max_flags = buffers.flags + split.flag_words();
     // (Its flags were zeroed by sm90_forward_split_reset, before the call's first kernel.)
   }
   Launch l;
   l.grid_x = static_cast<unsigned>(blocks);
-  l.block = 128 * (1 + kQatConsumers);
+  l.block = kern::kSm90ForwardThreads;
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
   const std::string name =
       fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
-  // Pairs where the shape allows and the device fits enough of them to keep every SM busy.
+  // Pairs where the plan allows them and the device fits enough of them to keep every SM busy.
   P.cluster = 1;
-  if (qat_forward_clusters(a, q_tiles, tiles, P.split_first)) {
+  if (clusters_allowed) {
     Launch pairs = l;
     pairs.cluster_x = 2;
     if (kern::forward_clusters_fill_device(
@@ -215,9 +198,9 @@ void sm90_forward_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90For
   launch("sm90", name.c_str(), h.device, l, stream, P);
 }
 
-bool sm90_backward_prepare(const fva_handle& h, const kern::AttentionParams& a, int64_t D,
-                           kern::Sm90BackwardParams* params) {
-  const Api* api = native_api(h, D);
+bool sm90_encode_backward(const kern::AttentionParams& a, int64_t D,
+                          kern::Sm90BackwardParams* params) {
+  const Api* api = tma_api();
   if (api == nullptr) return false;
   params->a = a;
   params->dq_accum = params->ds_rowsum = nullptr;  // sm90_fused_backward_launch sets them
@@ -238,10 +221,6 @@ void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backward
   launch("sm90", name.c_str(), h.device, compact_launch(params.a, D, 4), stream, params);
 }
 
-bool sm90_dkdv_covers(Sm90Kind kind, bool quantize_p, int32_t p_scale) {
-  return kind != Sm90Kind::kQat || !quantize_p || p_scale == FVA_SCALE_BLOCK;
-}
-
 namespace {
 
 // Which dK/dV kernel (sm90/attention_dkdv.cuh): plain, with dQ reduced into the accumulator
@@ -253,11 +232,11 @@ enum class Dkdv { kPlain, kFusedDq, kStoresDs };
 void dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                  int64_t D, int32_t dtype, Dkdv variant, int64_t kv_units, void* stream) {
   const bool fused = variant == Dkdv::kFusedDq;
-  const int consumers = fused ? 2 : 1;
+  const int consumers = fused ? kern::kSm90DkdvFusedConsumers : kern::kSm90DkdvConsumers;
   Launch l;
   l.grid_x = blocks_for(params.a.Skv, 64 * consumers);
   l.grid_y = static_cast<unsigned>(kv_units);
-  l.block = 128 * (1 + consumers);
+  l.block = static_cast<unsigned>(kern::kWarpgroupThreads * (1 + consumers));
   l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused));
   const char* suffix = fused ? "q" : variant == Dkdv::kStoresDs ? "s" : "";
   const std::string name = fmt::format("fva_sm90_{}_bwd_dkdv{}_{}_d{}",
@@ -275,30 +254,9 @@ void sm90_dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90Backwa
   dkdv_launch(h, kind, params, D, dtype, Dkdv::kPlain, kv_units_of(params.a), stream);
 }
 
-bool sm90_fuses_dq(const fva_handle& h, Sm90Kind kind, int64_t D) {
-  return kind == Sm90Kind::kQat && D == 128 && !h.deterministic && native_api(h, D) != nullptr;
-}
-
-namespace {
-
-// FVATTN_DS_BUDGET_MIB in bytes (a whole number of MiB; 0: no stored dS), by default 2 GiB: the tiles
-// take 8 KiB per pair, so 1 GiB at B = 1, H = 8, S = 16384 for VSA at 25% density, 4 GiB for
-// dense QAT; 1.1 GB per head for VSA at Wan-720p-like lengths (75k tokens, 10%).
-constexpr int64_t kDefaultDsBudgetMiB = 2048;
-int64_t ds_budget_bytes() {
-  return env_whole_number("FVATTN_DS_BUDGET_MIB", kDefaultDsBudgetMiB, int64_t{1} << 30,
-                          "a whole number of MiB from 0 (no stored dS) to 2^30")
-         << 20;
-}
-
-}  // namespace
-
-Sm90DsChunks sm90_ds_chunks(const fva_handle& h, int64_t D, int64_t kv_units,
-                            int64_t tiles_per_kv_unit) {
-  if (native_api(h, D) == nullptr || kv_units <= 0) return {};
+Sm90DsChunks sm90_ds_chunks(int64_t budget, int64_t kv_units, int64_t tiles_per_kv_unit) {
+  if (kv_units <= 0 || budget == 0) return {};
   const int64_t per_unit = tiles_per_kv_unit * kern::sm90_ds_tile_bytes;
-  const int64_t budget = ds_budget_bytes();
-  if (budget == 0) return {};
   if (per_unit == 0) return {kv_units, 0};
   if (per_unit > budget) return {};
   int64_t per_chunk = std::min(budget / per_unit, kv_units);

@@ -11,6 +11,7 @@
 #include "kernel_images.h"
 #include "params.h"
 #include "sm90_kernels.h"
+#include "vsa_plan.h"
 
 namespace fva::cuda {
 namespace {
@@ -37,7 +38,7 @@ kern::VsaLists lists(const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
   return l;
 }
 
-kern::AttentionParams attention_params(const cpu::VsaProblem& p, const fva_tensor_t& q,
+kern::AttentionParams attention_params(const VsaProblem& p, const fva_tensor_t& q,
                                        const fva_tensor_t& k, const fva_tensor_t& v,
                                        const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
                                        const fva_tensor_t& block_sizes) {
@@ -48,27 +49,22 @@ kern::AttentionParams attention_params(const cpu::VsaProblem& p, const fva_tenso
   a.B = static_cast<int32_t>(p.B);
   a.Hq = static_cast<int32_t>(p.Hq);
   a.Hkv = static_cast<int32_t>(p.Hkv);
-  a.Sq = static_cast<int32_t>(p.num_q_blocks * cpu::kVsaBlock);
-  a.Skv = static_cast<int32_t>(p.num_kv_blocks * cpu::kVsaBlock);
+  a.Sq = static_cast<int32_t>(p.num_q_blocks * kVsaBlock);
+  a.Skv = static_cast<int32_t>(p.num_kv_blocks * kVsaBlock);
   a.scale = p.scale;
   a.scale_log2 = p.scale * 1.4426950408889634f;  // fp32 product, as the CPU reference computes it
   a.vsa = lists(q2k_idx, q2k_num, &block_sizes, p.num_kv_blocks);
   return a;
 }
 
-// The inverse's buffers, for `units` = B * H lists of num_q_blocks x max_k entries each.
+// The inverse's buffers in the caller's workspace.
 struct InverseBuffers {
   kern::InvertChunking chunking;
   int32_t *tally, *offsets, *entries;
 };
-InverseBuffers carve_inverse(int64_t units, int64_t nqb, int64_t nkv, int64_t max_k,
-                             WorkspaceCarver& c) {
-  InverseBuffers b;
-  b.chunking = kern::invert_chunking(nqb, nkv, max_k);
-  b.tally = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nkv * b.chunking.num_chunks, 1)));
-  b.offsets = c.take<int32_t>(static_cast<size_t>(units * (nkv + 1)));
-  b.entries = c.take<int32_t>(static_cast<size_t>(std::max<int64_t>(units * nqb * max_k, 1)));
-  return b;
+InverseBuffers inverse_buffers(const VsaInverseRegions& r, void* ws) {
+  return {r.chunking, workspace_pointer<int32_t>(ws, r.tally),
+          workspace_pointer<int32_t>(ws, r.offsets), workspace_pointer<int32_t>(ws, r.entries)};
 }
 
 // Launches steps 1-3 of kernels/indices/vsa_invert.cu (and 4 when ip.k2q_idx is set).
@@ -113,27 +109,31 @@ void require_index_size(int64_t units, int64_t nqb, int64_t max_k) {
 
 }  // namespace
 
-void require_vsa_support(const cpu::VsaProblem& p, int32_t dtype) {
+void require_vsa_support(const VsaProblem& p, int32_t dtype) {
   require_attention_kernels(p.D, dtype, p.B * p.Hq);
-  if ((p.num_q_blocks + p.num_kv_blocks) * cpu::kVsaBlock > std::numeric_limits<int32_t>::max() - 64)
+  if ((p.num_q_blocks + p.num_kv_blocks) * kVsaBlock > std::numeric_limits<int32_t>::max() - 64)
     fail(FVA_ERR_UNSUPPORTED, "q/k: sequence lengths above 2^31 are not supported by the CUDA backend");
   require_index_size(p.B * p.Hq, p.num_q_blocks, p.max_k);
 }
 
-size_t vsa_forward_workspace(const cpu::VsaProblem&) { return 0; }
+size_t vsa_forward_workspace(const fva_handle& h, const VsaProblem& p) {
+  return plan_vsa_forward(h, p).workspace_bytes;
+}
 
-void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
+void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                  const fva_tensor_t& o, const fva_tensor_t& lse, void*, void* stream) {
+  const VsaForwardPlan plan = plan_vsa_forward(h, p);
   ensure_context(h.device);
-  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
+  const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   a.o = tensor4(o);
   a.lse = tensor3(lse);
   kern::Sm90ForwardParams native;
-  if (sm90_forward_prepare(h, Sm90Kind::kVsa, a, p.D, false, 0, &native, a.Skv)) {
-    sm90_forward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, false, stream);
+  if (plan.family == KernelFamily::kSm90 &&
+      sm90_encode_forward(Sm90Kind::kVsa, a, p.D, a.Skv, &native)) {
+    sm90_vsa_forward_launch(h, native, p.D, q.dtype, stream);
     return;
   }
   Launch l;
@@ -147,104 +147,71 @@ void vsa_forward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor
 
 namespace {
 
-// The stored-dS backward's chunks (sm90_kernels.h): a tile per q head, q block and q2k slot.
-Sm90DsChunks ds_chunks(const fva_handle& h, const cpu::VsaProblem& p) {
-  return sm90_ds_chunks(h, p.D, p.B * p.Hkv, (p.Hq / p.Hkv) * p.num_q_blocks * p.max_k);
-}
-
-// The dK/dV block order's kernel (fva_vsa_invert_order) keeps a unit's block weights in shared
-// memory, up to kVsaOrderMaxKvBlocks; past that the blocks run in index order.
-bool orders_kv_blocks(const cpu::VsaProblem& p) {
-  return p.num_kv_blocks <= kern::kVsaOrderMaxKvBlocks;
-}
-
 // Delta's blocks per SM where it runs beside the k2q inverse: 512 of the SM's 2048 threads, so
 // the inverse's blocks still find room, and with kDeltaUnroll row groups in flight per warp
 // (portable/attention_backward.cuh) enough loads for the DRAM.
 constexpr unsigned kDeltaBesideBlocksPerSm = 4;
 
-struct VsaBackwardBuffers {
-  float* delta;
-  int32_t* delta_done;  // Delta's count of finished blocks, where it runs beside the inverse
-  InverseBuffers inverse;
-  int32_t* kv_order;  // [B * Hkv, num_kv_blocks], or null (orders_kv_blocks)
-  void* ds_tiles;  // the stored-dS backward's tiles (sm90_ds_chunks), else null
-};
-VsaBackwardBuffers carve_backward(const cpu::VsaProblem& p, const Sm90DsChunks& chunks,
-                                  WorkspaceCarver& c) {
-  VsaBackwardBuffers b;
-  b.delta = c.take<float>(static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * cpu::kVsaBlock));
-  b.inverse = carve_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
-  b.kv_order = orders_kv_blocks(p)
-                   ? c.take<int32_t>(static_cast<size_t>(p.B * p.Hkv * p.num_kv_blocks))
-                   : nullptr;
-  b.delta_done = b.kv_order != nullptr ? c.take<int32_t>(1) : nullptr;  // the order waits for it
-  b.ds_tiles = chunks.kv_units_per_chunk > 0 ? c.take<char>(chunks.bytes) : nullptr;
-  return b;
-}
-
 }  // namespace
 
-size_t vsa_backward_workspace(const fva_handle& h, const cpu::VsaProblem& p) {
-  WorkspaceCarver c(nullptr);
-  carve_backward(p, ds_chunks(h, p), c);
-  return c.bytes();
+size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p) {
+  return plan_vsa_backward(h, p).workspace_bytes;
 }
 
-void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tensor_t& q,
+void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream) {
+  const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   ensure_context(h.device);
-  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
-  WorkspaceCarver c(ws);
-  const Sm90DsChunks chunks = ds_chunks(h, p);
-  const VsaBackwardBuffers buf = carve_backward(p, chunks, c);
+  const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
+  int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
+  int32_t* const delta_done = workspace_pointer<int32_t>(ws, plan.delta_done);
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
-  set_backward_tensors(a, o, dout, lse, dq, dk, dv, buf.delta);
-  const char* sfx = dtype_suffix(q.dtype);
+  set_backward_tensors(a, o, dout, lse, dq, dk, dv, workspace_pointer<float>(ws, plan.delta));
 
   kern::InvertParams ip{};
   ip.lists = a.vsa;
   ip.B = a.B;
   ip.H = a.Hq;
   ip.skip_empty_blocks = 1;  // blocks without a real token contribute nothing
-  if (buf.delta_done != nullptr) {
+  if (plan.orders_kv_blocks) {
     // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
     // latency-bound): the block order, the last of them, holds its exit until Delta's count is
     // full, so the dK/dV kernel chained after it reads a finished Delta (indices/vsa_invert.cu).
-    memset_words(buf.delta_done, 0, 1, stream, "Delta's count");
+    memset_words(delta_done, 0, 1, stream, "Delta's count");
     kern::AttentionParams counted = a;
-    counted.delta_done = buf.delta_done;
-    ip.delta_done = buf.delta_done;
+    counted.delta_done = delta_done;
+    ip.delta_done = delta_done;
     ip.delta_blocks = static_cast<int32_t>(launch_delta(
         h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
   }
-  build_inverse(h, ip, buf.inverse, stream);
-  a.vsa.inv_offsets = buf.inverse.offsets;
-  a.vsa.inv_entries = buf.inverse.entries;
+  const InverseBuffers inverse = inverse_buffers(plan.inverse, ws);
+  build_inverse(h, ip, inverse, stream);
+  a.vsa.inv_offsets = inverse.offsets;
+  a.vsa.inv_entries = inverse.entries;
   a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
-  if (buf.kv_order != nullptr) {
+  if (plan.orders_kv_blocks) {
     // dK/dV's blocks longest list first (fva_vsa_invert_order): the grid's tail is then its
     // shortest blocks.
-    ip.kv_order = buf.kv_order;
+    ip.kv_order = kv_order;
     ip.group = static_cast<int32_t>(p.Hq / p.Hkv);
     Launch l;
     l.block = 128;  // a thread per kv block, each ranked against all of its unit's
     l.grid_x = static_cast<unsigned>(p.B * p.Hkv) * blocks_for(p.num_kv_blocks, l.block);
     launch("vsa", "fva_vsa_invert_order", h.device, l, stream, ip);
-    a.vsa.kv_order = buf.kv_order;
+    a.vsa.kv_order = kv_order;
   } else {
     launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
   }
 
-  // sm_90: the Hopper-native dQ and dK/dV where they cover the call.
   kern::Sm90BackwardParams native;
-  if (sm90_backward_prepare(h, a, p.D, &native)) {
-    if (chunks.kv_units_per_chunk > 0) {  // dK/dV storing dS, then dQ from it
-      sm90_stored_ds_backward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, chunks, buf.ds_tiles,
+  if (plan.family == KernelFamily::kSm90 && sm90_encode_backward(a, p.D, &native)) {
+    if (plan.ds_chunks.kv_units_per_chunk > 0) {  // dK/dV storing dS, then dQ from it
+      sm90_stored_ds_backward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, plan.ds_chunks,
+                                     workspace_pointer<char>(ws, plan.ds_tiles),
                                      static_cast<int32_t>(p.num_q_blocks),
                                      static_cast<int32_t>(p.max_k), stream);
       return;
@@ -253,6 +220,7 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
     sm90_dkdv_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
     return;
   }
+  const char* sfx = dtype_suffix(q.dtype);
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
@@ -264,23 +232,21 @@ void vsa_backward(const fva_handle& h, const cpu::VsaProblem& p, const fva_tenso
   launch("vsa", fmt::format("fva_vsa_bwd_dkdv_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
 }
 
-size_t vsa_invert_indices_workspace(const cpu::VsaIndexProblem& p) {
-  WorkspaceCarver c(nullptr);
-  carve_inverse(p.B * p.H, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
-  return c.bytes();
+size_t vsa_invert_indices_workspace(const VsaIndexProblem& p) {
+  return plan_vsa_invert(p).workspace_bytes;
 }
 
-void vsa_invert_indices(const fva_handle& h, const cpu::VsaIndexProblem& p,
+void vsa_invert_indices(const fva_handle& h, const VsaIndexProblem& p,
                         const fva_tensor_t& q2k_idx, const fva_tensor_t& q2k_num,
                         const fva_tensor_t& k2q_idx, const fva_tensor_t& k2q_num, void* ws,
                         void* stream) {
   if (p.B * p.H > 65535 * 256)
     fail(FVA_ERR_UNSUPPORTED, "q2k_idx: B * H = {} is above the CUDA backend's limit", p.B * p.H);
   require_index_size(p.B * p.H, p.num_q_blocks, p.max_k);
+  const VsaInvertPlan plan = plan_vsa_invert(p);
   ensure_context(h.device);
-  const LaunchChain chain(h.device);  // the call's kernels chained (kernel_images.h)
-  WorkspaceCarver c(ws);
-  const InverseBuffers buf = carve_inverse(p.B * p.H, p.num_q_blocks, p.num_kv_blocks, p.max_k, c);
+  const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
+  const InverseBuffers buf = inverse_buffers(plan.inverse, ws);
   kern::InvertParams ip{};
   ip.lists = lists(q2k_idx, q2k_num, nullptr, p.num_kv_blocks);
   ip.B = static_cast<int32_t>(p.B);

@@ -23,8 +23,9 @@ ffi = cffi.FFI()
 ffi.cdef(source)
 lib = ffi.dlopen(library)
 
-# fva_handle_options_t: 16 bytes in ABI 1, 20 since `kernels` was appended (struct_size versioning).
-expect = {"fva_tensor_t": 112, "fva_handle_options_t": 20, "fva_handle_info_t": 296,
+# fva_handle_options_t: 16 bytes in ABI 1, then `kernels` and the tuning options appended;
+# fva_handle_info_t: 296 bytes in ABI 1, then the resolved options (struct_size versioning).
+expect = {"fva_tensor_t": 112, "fva_handle_options_t": 40, "fva_handle_info_t": 324,
           "fva_qat_config_t": 40, "fva_vsa_config_t": 12, "fva_nvfp4_config_t": 12}
 bad = {name: ffi.sizeof(name) for name, size in expect.items() if ffi.sizeof(name) != size}
 assert not bad, f"struct sizes differ from the ABI: {bad}"

@@ -13,6 +13,7 @@
 #include <fvattn/fvattn.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -604,6 +605,13 @@ void handles(ByteReader& in) {
   o.backend = in.pick<int32_t>({FVA_BACKEND_CPU, FVA_BACKEND_AUTO, FVA_BACKEND_CUDA, 3, -1, INT32_MAX});
   o.device = in.pick<int32_t>({-1, 0, 1, -2, INT32_MAX, INT32_MIN});
   o.deterministic = in.pick<int32_t>({0, 1, 2, -1});
+  if (in.u8() & 1) {  // the tuning options, in and out of range
+    o.qat_forward_split = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 2, 8, 9, -2, INT32_MIN});
+    o.qat_forward_clusters = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 2});
+    o.ds_budget_mib = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 2048, INT32_MAX, -5});
+    o.chained_launches = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 3});
+    o.cpu_threads = in.pick<int32_t>({FVA_OPTION_AUTO, 1, 2, 4096, 4097, 0});
+  }
   const uint8_t shape = in.u8();
   if (shape & 1) o.struct_size = interesting32(in);
   const bool opts_null = (shape & 2) != 0, out_null = (shape & 4) != 0;
@@ -629,7 +637,9 @@ void handles(ByteReader& in) {
   auto* info = static_cast<fva_handle_info_t*>(info_mem);
   const fva_status_t ist = fva_get_info(in.u8() & 1 ? nullptr : h, info);
   check_status(ist, "fva_get_info");
-  if (ist == FVA_OK) {  // then ibytes >= sizeof(fva_handle_info_t)
+  if (ist == FVA_OK) {  // then ibytes >= the ABI-1 size, which holds the strings
+    if (info->struct_size > ibytes || info->struct_size < offsetof(fva_handle_info_t, deterministic))
+      finding("fva_get_info: struct_size out of what the caller passed");
     if (info->backend != FVA_BACKEND_CPU) finding("a handle without a CUDA driver is not a CPU handle");
     if (!std::memchr(info->image, 0, sizeof info->image) ||
         !std::memchr(info->device_name, 0, sizeof info->device_name))
@@ -655,10 +665,10 @@ void misc(ByteReader& in) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // No CUDA driver, whatever the machine: every call stays on the CPU backend with host buffers.
   setenv("FVATTN_DISABLE_CUDA", "1", 1);
-  setenv("FVATTN_NUM_THREADS", "2", 0);  // keep the threaded paths in play, cheaply
   if (const char* s = std::getenv("FVA_FUZZ_STATS"); s && *s == '1') std::atexit(fvafuzz::print_stats);
   fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
   o.backend = FVA_BACKEND_CPU;
+  o.cpu_threads = 2;  // keep the threaded paths in play, cheaply
   if (fva_create(&fvafuzz::g_cpu, &o) != FVA_OK) {
     fmt::print(stderr, "fvattn_fuzz: cannot create a CPU handle: {}\n", fva_last_error());
     std::abort();

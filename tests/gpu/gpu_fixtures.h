@@ -49,7 +49,7 @@ inline bool test_deterministic() {
 
 // Whether handle h runs the library's native sm_90a kernels where they apply (an sm_90a device,
 // the default kernel set), so the paths only they have (the stored dS, the QAT forward's split and
-// clusters, their environment switches) are there to test.
+// clusters, their handle options) are there to test.
 inline bool runs_native_sm90(fva_handle_t h) {
   fva_handle_info_t info{};
   info.struct_size = sizeof info;
@@ -57,15 +57,28 @@ inline bool runs_native_sm90(fva_handle_t h) {
   return std::string(info.image) == "sm_90a" && test_kernels() == FVA_KERNELS_AUTO;
 }
 
+// FVATTN_TEST_DS_BUDGET_MIB sets every test handle's ds_budget_mib option (CTest runs the suite
+// with 0 too: on sm_90 the other dQ paths then run); unset: the option's default.
+inline int32_t test_ds_budget_mib() {
+  const char* b = std::getenv("FVATTN_TEST_DS_BUDGET_MIB");
+  return b != nullptr && *b ? static_cast<int32_t>(std::atoi(b)) : FVA_OPTION_AUTO;
+}
+
+// The options of a test's CUDA handle: the suite's kernel set, determinism and stored-dS budget.
+inline fva_handle_options_t test_handle_options(bool deterministic = test_deterministic()) {
+  fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
+  o.backend = FVA_BACKEND_CUDA;
+  o.deterministic = deterministic ? 1 : 0;
+  o.kernels = test_kernels();
+  o.ds_budget_mib = test_ds_budget_mib();
+  return o;
+}
+
 struct CudaHandle {
   fva_handle_t h = nullptr;
-  explicit CudaHandle(bool deterministic = test_deterministic()) {
-    fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
-    o.backend = FVA_BACKEND_CUDA;
-    o.deterministic = deterministic ? 1 : 0;
-    o.kernels = test_kernels();
-    REQUIRE_OK(fva_create(&h, &o));
-  }
+  explicit CudaHandle(bool deterministic = test_deterministic())
+      : CudaHandle(test_handle_options(deterministic)) {}
+  explicit CudaHandle(const fva_handle_options_t& o) { REQUIRE_OK(fva_create(&h, &o)); }
   ~CudaHandle() { fva_destroy(h); }
   CudaHandle(const CudaHandle&) = delete;
   CudaHandle& operator=(const CudaHandle&) = delete;

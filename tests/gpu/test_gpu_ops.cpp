@@ -752,11 +752,12 @@ VsaGrads cpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTenso
   return r;
 }
 VsaGrads gpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTensor& o_ref,
-                          const HostTensor& l_ref) {
+                          const HostTensor& l_ref,
+                          const fva_handle_options_t& options = test_handle_options()) {
   const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
   VsaGrads r = empty_vsa_grads(c);
   HostTensor &dq_g = r.dq, &dk_g = r.dk, &dv_g = r.dv;
-  CudaHandle gpu;
+  CudaHandle gpu(options);
   DeviceTensor q(in.q), k(in.k), v(in.v), o(o_ref), l(l_ref), dout(in.dout), idx(in.idx), num(in.num),
       sizes(in.sizes), dq(dq_g), dk(dk_g), dv(dv_g);
   REQUIRE_OK(fva_vsa_backward_workspace_size(gpu.h, &cfg, q.t(), k.t(), v.t(), idx.t(), &r.workspace));
@@ -769,36 +770,25 @@ VsaGrads gpu_vsa_backward(const VsaCase& c, const VsaInputs& in, const HostTenso
   return r;
 }
 
-// Sets an environment variable for a scope, restoring what was there.
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-};
+// A test handle's options with a stored-dS budget of `mib` MiB.
+fva_handle_options_t with_ds_budget(int32_t mib, fva_handle_options_t o = test_handle_options()) {
+  o.ds_budget_mib = mib;
+  return o;
+}
 
 }  // namespace
 
 TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk result; above the budget, recomputed") {
   // On sm_90a (native kernels) the backward stores every listed pair's dS tile (8 KiB) in the
-  // workspace, in chunks of (b, kv head) units that fit FVATTN_DS_BUDGET_MIB. Here each unit's
+  // workspace, in chunks of (b, kv head) units that fit the handle's ds_budget_mib. Here each unit's
   // tiles take exactly 1 MiB (2 q heads x 8 q blocks x 8 slots x 8 KiB), so a budget of 1 MiB runs
   // the four units one by one, 2 MiB two by two, and the default all at once.
   VsaCase c{2, 4, 2, 8, 8, 8, uniform(0, 1) ? 128 : 64, FVA_DTYPE_BF16, Layout::BHSD};
   const VsaInputs in = make_vsa_inputs(c);
   HostTensor o_ref, l_ref;
   cpu_vsa_forward(c, in, o_ref, l_ref);
-  // The default budget, whatever the environment (CTest also runs the suite with a budget of 0).
-  ScopedEnv default_budget("FVATTN_DS_BUDGET_MIB", "2048");
-  const VsaGrads whole = gpu_vsa_backward(c, in, o_ref, l_ref);
+  // The default budget, whatever the suite's (CTest also runs the suite with a budget of 0).
+  const VsaGrads whole = gpu_vsa_backward(c, in, o_ref, l_ref, with_ds_budget(2048));
   const VsaGrads ref = cpu_vsa_backward(c, in, o_ref, l_ref);
   check_close("vsa dq", whole.dq, ref.dq, kTol);
   check_close("vsa dk", whole.dk, ref.dk, kTol);
@@ -806,14 +796,13 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
   CudaHandle probe;
   const bool stores_ds = runs_native_sm90(probe.h);
   INFO("D " << c.D << ", native sm_90a kernels " << stores_ds);
-  for (const char* budget : {"1", "2"}) {
-    ScopedEnv env("FVATTN_DS_BUDGET_MIB", budget);
-    const VsaGrads chunked = gpu_vsa_backward(c, in, o_ref, l_ref);
+  for (const int32_t budget : {1, 2}) {
+    const VsaGrads chunked = gpu_vsa_backward(c, in, o_ref, l_ref, with_ds_budget(budget));
     CHECK_MESSAGE(chunked.dq.bits16() == whole.dq.bits16(), "dQ differs with a budget of " << budget << " MiB");
     CHECK_MESSAGE(chunked.dk.bits16() == whole.dk.bits16(), "dK differs with a budget of " << budget << " MiB");
     CHECK_MESSAGE(chunked.dv.bits16() == whole.dv.bits16(), "dV differs with a budget of " << budget << " MiB");
     // The tiles' share of the workspace: 4, 2 or 1 MiB (the rest does not depend on the budget).
-    const size_t saved = (4 - static_cast<size_t>(std::stoi(budget))) << 20;
+    const size_t saved = (4 - static_cast<size_t>(budget)) << 20;
     CHECK(whole.workspace - chunked.workspace == (stores_ds ? saved : 0));
   }
   // A unit whose tiles do not fit the budget: the dQ kernel that recomputes S and dP runs instead,
@@ -824,9 +813,8 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
     const VsaInputs in9 = make_vsa_inputs(c9);
     HostTensor o9, l9;
     cpu_vsa_forward(c9, in9, o9, l9);
-    const VsaGrads stored = gpu_vsa_backward(c9, in9, o9, l9);
-    ScopedEnv env("FVATTN_DS_BUDGET_MIB", "1");
-    const VsaGrads recomputed = gpu_vsa_backward(c9, in9, o9, l9);
+    const VsaGrads stored = gpu_vsa_backward(c9, in9, o9, l9, with_ds_budget(2048));
+    const VsaGrads recomputed = gpu_vsa_backward(c9, in9, o9, l9, with_ds_budget(1));
     const VsaGrads ref9 = cpu_vsa_backward(c9, in9, o9, l9);
     CHECK(stored.workspace - recomputed.workspace == (stores_ds ? size_t{9} << 19 : 0));  // 4 x 1.125 MiB
     for (const VsaGrads* g : {&stored, &recomputed}) {
@@ -838,49 +826,25 @@ TEST_CASE("GPU VSA backward: stored dS in chunks, bit for bit the one-chunk resu
     CHECK(stored.dk.bits16() == recomputed.dk.bits16());
     CHECK(stored.dv.bits16() == recomputed.dv.bits16());
   }
-  // A budget that is not a whole positive number of MiB is refused, naming the variable.
-  for (const char* bad : {"-5", "1.5", "lots", "2048MiB"}) {
-    ScopedEnv env("FVATTN_DS_BUDGET_MIB", bad);
-    DeviceTensor q(in.q), k(in.k), v(in.v), idx(in.idx);
-    CudaHandle gpu;
-    const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-    size_t bytes = 0;
-    const fva_status_t st = fva_vsa_backward_workspace_size(gpu.h, &cfg, q.t(), k.t(), v.t(), idx.t(), &bytes);
-    if (stores_ds) {
-      CHECK(st == FVA_ERR_INVALID_ARGUMENT);
-      CHECK(std::string(fva_last_error()).find("FVATTN_DS_BUDGET_MIB") != std::string::npos);
-    } else {
-      CHECK(st == FVA_OK);  // no stored dS: the variable plays no part
-    }
-  }
 }
 
-// A malformed value of one of the QAT forward's environment switches (FVATTN_QAT_SPLIT,
-// FVATTN_QAT_CLUSTER): the sm_90a path refuses the workspace query, naming the variable, before
-// anything runs; other paths do not read it.
-static void check_qat_env_refused(fva_handle_t h, bool native, const char* var, const char* value) {
-  ScopedEnv env(var, value);
-  const QatCase c = random_qat_case("production");
-  const QatTensors in = make_qat_inputs(c);
-  DeviceTensor q(in.q), k(in.k), v(in.v);
-  size_t bytes = 0;
-  const fva_status_t st = fva_qat_forward_workspace_size(h, &c.cfg, q.t(), k.t(), v.t(), &bytes);
-  if (native) {
-    CHECK(st == FVA_ERR_INVALID_ARGUMENT);
-    CHECK(std::string(fva_last_error()).find(var) != std::string::npos);
-  } else {
-    CHECK(st == FVA_OK);
-  }
+// A test handle's options with the QAT forward's split and clusters set.
+static fva_handle_options_t with_forward(int32_t split, int32_t clusters = FVA_OPTION_AUTO) {
+  fva_handle_options_t o = test_handle_options();
+  o.qat_forward_split = split;
+  o.qat_forward_clusters = clusters;
+  return o;
 }
 
-// The sm_90a QAT forward splits its grid's tail over the key tiles (sm90/forward_split.cuh):
-// FVATTN_QAT_SPLIT forces N pieces on the tiles of the last wave (here every tile: a test's few
-// tiles fill less than one wave). Each split result against the reference, and o no further from
-// it than the unsplit kernel's but for rounding (a piece whose FQ_P started its running max from
-// its own keys measured 4% against 0.3%); every run twice, bit for bit; lse against the unsplit
-// kernel's; the pieces' states (and, quantized P, their keys' maxima) in the workspace. Key tiles
-// with gains far apart make the pieces' maxima differ by more than the lazy rescale's 2^8, so
-// merges scale by 0 too, and a later piece's running max starts far above its own keys'.
+// The sm_90a QAT forward splits its grid's tail over the key tiles (sm90/forward_split.cuh): the
+// handle option qat_forward_split forces N pieces on the tiles of the last wave (here every tile:
+// a test's few tiles fill less than one wave). Each split result against the reference, and o no
+// further from it than the unsplit kernel's but for rounding (a piece whose FQ_P started its
+// running max from its own keys would be 10x further); every run twice, bit for bit; lse against
+// the unsplit kernel's; the pieces' states (and, quantized P, their keys' maxima) in the
+// workspace. Key tiles with gains far apart make the pieces' maxima differ by more than the lazy
+// rescale's 2^8, so merges scale by 0 too, and a later piece's running max starts far above its
+// own keys'.
 TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
   CudaHandle probe;
   const bool native = runs_native_sm90(probe.h);
@@ -897,24 +861,20 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
       const QatTensors in = make_qat_inputs(c);
       QatForwardOut ref = qat_outputs(c);
       cpu_qat_forward(c, in, ref);
-      CudaHandle gpu;
-      auto workspace_bytes = [&] {
+      auto workspace_bytes = [&](const CudaHandle& gpu) {
         DeviceTensor q(in.q), k(in.k), v(in.v);
         size_t bytes = 0;
         REQUIRE_OK(fva_qat_forward_workspace_size(gpu.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
         return bytes;
       };
+      CudaHandle unsplit(with_forward(0));
       QatForwardOut whole = qat_outputs(c);
-      size_t whole_bytes = 0;
-      {
-        ScopedEnv env("FVATTN_QAT_SPLIT", "0");
-        gpu_qat_forward(gpu.h, c, in, whole);
-        whole_bytes = workspace_bytes();
-      }
+      gpu_qat_forward(unsplit.h, c, in, whole);
+      const size_t whole_bytes = workspace_bytes(unsplit);
       const int64_t key_tiles = (c.Skv + 63) / 64;
-      for (const std::string pieces : {"2", "3", "8"}) {
-        ScopedEnv env("FVATTN_QAT_SPLIT", pieces.c_str());
-        INFO("FVATTN_QAT_SPLIT=" << pieces);
+      for (const int32_t pieces : {2, 3, 8}) {
+        INFO("qat_forward_split=" << pieces);
+        CudaHandle gpu(with_forward(pieces));
         QatForwardOut got = qat_outputs(c), again = qat_outputs(c);
         gpu_qat_forward(gpu.h, c, in, got);
         gpu_qat_forward(gpu.h, c, in, again);
@@ -929,7 +889,7 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
         // 128 threads of sm90_forward_partial_floats floats and two flags each, and (quantized
         // P) 2 maxima per thread, in whole 64-byte lines (an empty workspace gains its 64-byte
         // pad).
-        const int64_t n = std::min<int64_t>({std::stoll(pieces), key_tiles, 8});
+        const int64_t n = std::min<int64_t>({pieces, key_tiles, 8});
         const int64_t tiles = c.B * c.Hq * ((c.Sq + 127) / 128);
         const int64_t slots = tiles * (n - 1) * 2;
         const bool q = c.cfg.quantize != 0;
@@ -938,11 +898,11 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
         const size_t expected = !native ? 0
                                         : lines(slots * 128 * per_thread * 4) + lines(slots * 2 * 4) +
                                               (q ? lines(slots * 128 * 2 * 4) : 0) + (whole_bytes == 0 ? 64 : 0);
-        CHECK(workspace_bytes() - whole_bytes == expected);
+        CHECK(workspace_bytes(gpu) - whole_bytes == expected);
       }
       // A call given the unsplit workspace is refused, not run short.
       if (native) {
-        ScopedEnv env("FVATTN_QAT_SPLIT", "2");
+        CudaHandle gpu(with_forward(2));
         DeviceTensor q(in.q), k(in.k), v(in.v);
         QatForwardOut out = qat_outputs(c);
         DeviceTensor o(out.o), o_hp(out.o_hp), lse(out.lse);
@@ -953,23 +913,17 @@ TEST_CASE("GPU QAT forward with its tail split over the key tiles") {
       }
     }
   }
-  // Not a count of pieces: refused, naming the variable.
-  SUBCASE("a malformed FVATTN_QAT_SPLIT") {
-    check_qat_env_refused(probe.h, native, "FVATTN_QAT_SPLIT", "many");
-  }
 }
 
 // The sm_90a QAT forward runs in clusters of two blocks that share their K/V loads by TMA
 // multicast where the shape allows (not causal, an even count of 128-row query tiles per head;
 // sm90/attention_forward.cuh). Both blocks compute exactly what each would alone, so o,
-// o_hp and lse are bit for bit those of the forward without clusters (FVATTN_QAT_CLUSTER=0), whole
-// and with the tail split over 2 and 3 pieces (the pieces' block order differs in clusters), and
-// within the tolerance of the reference. Ragged last tiles (rows past Sq in a cluster's block),
-// GQA, both head sizes, and shapes without clusters (an odd count of tiles, causal) that fall
-// back; a malformed variable is refused before anything runs.
+// o_hp and lse are bit for bit those of the forward without clusters (qat_forward_clusters = 0),
+// whole and with the tail split over 2 and 3 pieces (the pieces' block order differs in
+// clusters), and within the tolerance of the reference. Ragged last tiles (rows past Sq in a
+// cluster's block), GQA, both head sizes, and shapes without clusters (an odd count of tiles,
+// causal) that fall back.
 TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without them") {
-  CudaHandle probe;
-  const bool native = runs_native_sm90(probe.h);
   const char* configs[] = {"production", "plain", "no-hp-o", "plain-causal"};
   for (int rep = 0; rep < (quick() ? 4 : 8); ++rep) {
     const std::string name = configs[rep % 4];
@@ -985,17 +939,15 @@ TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without t
       const QatTensors in = make_qat_inputs(c);
       QatForwardOut ref = qat_outputs(c);
       cpu_qat_forward(c, in, ref);
-      CudaHandle gpu;
-      for (const std::string pieces : {"0", "2", "3"}) {
-        ScopedEnv split("FVATTN_QAT_SPLIT", pieces.c_str());
-        INFO("FVATTN_QAT_SPLIT=" << pieces);
+      for (const int32_t pieces : {0, 2, 3}) {
+        INFO("qat_forward_split=" << pieces);
         QatForwardOut alone = qat_outputs(c), paired = qat_outputs(c);
         {
-          ScopedEnv env("FVATTN_QAT_CLUSTER", "0");
+          CudaHandle gpu(with_forward(pieces, 0));
           gpu_qat_forward(gpu.h, c, in, alone);
         }
         {
-          ScopedEnv env("FVATTN_QAT_CLUSTER", rep % 3 ? "1" : "auto");
+          CudaHandle gpu(with_forward(pieces, rep % 3 ? 1 : FVA_OPTION_AUTO));
           gpu_qat_forward(gpu.h, c, in, paired);
         }
         check_qat_forward_close(c, paired, ref);
@@ -1003,26 +955,27 @@ TEST_CASE("GPU QAT forward in clusters of two: bit for bit the forward without t
       }
     }
   }
-  SUBCASE("a malformed FVATTN_QAT_CLUSTER") {
-    check_qat_env_refused(probe.h, native, "FVATTN_QAT_CLUSTER", "2");
-  }
 }
 
 // Every CUDA op launches its kernels after the first as programmatic dependent launches
 // (src/cuda/kernel_images.h, LaunchChain): a kernel's blocks may be resident while the kernel
 // before it finishes, and every kernel waits for its predecessor before it touches memory
-// (kernels/primitives/kernel_chain.cuh; Delta runs beside it and waits before it exits). A kernel that
-// read too early would read its inputs unfinished, so chained, the outputs must be bit for bit
-// those of the kernels the stream alone orders (FVATTN_PDL=0), at shapes of several waves of
-// blocks, repeated: the QAT forward (production, its tail split, whose flags are zeroed before the
-// chain), the QAT backward on a deterministic handle, the VSA forward, and the VSA backward (the
-// inverse's five kernels, the block order, Delta, then dK/dV and dQ in one chunk and in four).
-// A malformed FVATTN_PDL is refused by every op before anything runs.
+// (kernels/primitives/kernel_chain.cuh; Delta runs beside it and waits before it exits). A kernel
+// that read too early would read its inputs unfinished, so chained, the outputs must be bit for bit
+// those of the kernels the stream alone orders (chained_launches = 0), at shapes of several waves
+// of blocks, repeated: the QAT forward (production, its tail split, whose flags are zeroed before
+// the chain), the QAT backward on a deterministic handle, the VSA forward, and the VSA backward
+// (the inverse's five kernels, the block order, Delta, then dK/dV and dQ in one chunk and in four).
 TEST_CASE("GPU chained launches (PDL): bit for bit the kernels the stream alone orders") {
-  auto qat_run = [](const QatCase& c, const QatTensors& in, const char* pdl, QatForwardOut& f,
-                    QatGrads& g) {
-    ScopedEnv env("FVATTN_PDL", pdl);
-    CudaHandle gpu(/*deterministic=*/true);
+  auto chained = [](int32_t chained_launches, fva_handle_options_t o) {
+    o.chained_launches = chained_launches;
+    return o;
+  };
+  auto qat_run = [&](const QatCase& c, const QatTensors& in, int32_t pdl, QatForwardOut& f,
+                     QatGrads& g) {
+    fva_handle_options_t o = test_handle_options(/*deterministic=*/true);
+    o.qat_forward_split = 2;  // a memset of the flags before the chain
+    CudaHandle gpu(chained(pdl, o));
     gpu_qat_forward(gpu.h, c, in, f);
     gpu_qat_backward(gpu.h, c, in, c.cfg.high_precision_o ? f.o_hp : f.o, f.lse, g);
   };
@@ -1033,12 +986,11 @@ TEST_CASE("GPU chained launches (PDL): bit for bit the kernels the stream alone 
       c.Sq = uniform(900, 1500), c.Skv = uniform(900, 1500), c.pad = 0;
       INFO(describe(c));
       const QatTensors in = make_qat_inputs(c);
-      ScopedEnv split("FVATTN_QAT_SPLIT", "2");  // a memset of the flags before the chain
       QatForwardOut f0 = qat_outputs(c);
       QatGrads g0 = qat_grads(c);
-      qat_run(c, in, "0", f0, g0);
-      for (const char* pdl : {"1", "auto", ""}) {
-        INFO("FVATTN_PDL='" << pdl << "'");
+      qat_run(c, in, 0, f0, g0);
+      for (const int32_t pdl : {1, FVA_OPTION_AUTO}) {
+        INFO("chained_launches=" << pdl);
         QatForwardOut f = qat_outputs(c);
         QatGrads g = qat_grads(c);
         qat_run(c, in, pdl, f, g);
@@ -1055,50 +1007,28 @@ TEST_CASE("GPU chained launches (PDL): bit for bit the kernels the stream alone 
     const VsaInputs in = make_vsa_inputs(c);
     HostTensor o0, l0;
     {
-      ScopedEnv env("FVATTN_PDL", "0");
-      CudaHandle gpu;
+      CudaHandle gpu(chained(0, test_handle_options()));
       gpu_vsa_forward(gpu.h, c, in, o0, l0);
     }
     // Each q head's tiles: 40 q blocks x 12 slots x 8 KiB = 3.75 MiB, so 8 MiB holds one (b, kv
     // head) unit of two q heads: two chunks (on sm_90a; the other kernels ignore the budget).
-    for (const char* budget : {"2048", "8"}) {
-      ScopedEnv b("FVATTN_DS_BUDGET_MIB", budget);
-      INFO("FVATTN_DS_BUDGET_MIB=" << budget);
-      VsaGrads g0;
-      {
-        ScopedEnv env("FVATTN_PDL", "0");
-        g0 = gpu_vsa_backward(c, in, o0, l0);
-      }
+    for (const int32_t budget : {2048, 8}) {
+      INFO("ds_budget_mib=" << budget);
+      const VsaGrads g0 = gpu_vsa_backward(c, in, o0, l0, chained(0, with_ds_budget(budget)));
       for (int rep = 0; rep < 3; ++rep) {
-        ScopedEnv env("FVATTN_PDL", rep == 2 ? "auto" : "1");
-        CudaHandle gpu;
-        HostTensor o, l;
-        gpu_vsa_forward(gpu.h, c, in, o, l);
-        CHECK_MESSAGE(o.bits16() == o0.bits16(), "VSA o: chained against stream-ordered");
-        CHECK_MESSAGE(l.values() == l0.values(), "VSA lse: chained against stream-ordered");
-        const VsaGrads g = gpu_vsa_backward(c, in, o0, l0);
+        const fva_handle_options_t o =
+            chained(rep == 2 ? FVA_OPTION_AUTO : 1, with_ds_budget(budget));
+        CudaHandle gpu(o);
+        HostTensor o_got, l_got;
+        gpu_vsa_forward(gpu.h, c, in, o_got, l_got);
+        CHECK_MESSAGE(o_got.bits16() == o0.bits16(), "VSA o: chained against stream-ordered");
+        CHECK_MESSAGE(l_got.values() == l0.values(), "VSA lse: chained against stream-ordered");
+        const VsaGrads g = gpu_vsa_backward(c, in, o0, l0, o);
         CHECK_MESSAGE(g.dq.bits16() == g0.dq.bits16(), "VSA dQ: chained against stream-ordered");
         CHECK_MESSAGE(g.dk.bits16() == g0.dk.bits16(), "VSA dK: chained against stream-ordered");
         CHECK_MESSAGE(g.dv.bits16() == g0.dv.bits16(), "VSA dV: chained against stream-ordered");
       }
     }
-  }
-  SUBCASE("a malformed FVATTN_PDL") {
-    ScopedEnv env("FVATTN_PDL", "yes");
-    CudaHandle gpu;
-    const QatCase c = random_qat_case("production");
-    const QatTensors in = make_qat_inputs(c);
-    QatForwardOut out = qat_outputs(c);
-    DeviceTensor q(in.q), k(in.k), v(in.v), o(out.o), o_hp(out.o_hp), lse(out.lse);
-    size_t bytes = 0;
-    REQUIRE_OK(fva_qat_forward_workspace_size(gpu.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
-    DeviceBuffer ws = device_workspace(bytes);
-    CHECK(fva_qat_forward(gpu.h, &c.cfg, q.t(), k.t(), v.t(), o.t(),
-                          c.cfg.high_precision_o ? o_hp.t() : nullptr, lse.t(), ws.data(), bytes,
-                          nullptr) == FVA_ERR_INVALID_ARGUMENT);
-    CHECK(std::string(fva_last_error()).find("FVATTN_PDL") != std::string::npos);
-    o.download(out.o);
-    CHECK_MESSAGE(out.o.bits16() == qat_outputs(c).o.bits16(), "a refused call wrote o");
   }
 }
 
@@ -1231,33 +1161,28 @@ TEST_CASE("GPU results against FastVideo's golden outputs") {
 
 TEST_CASE("GPU QAT backward workspace: stored dS tiles, or the fused dQ's accumulator") {
   // On sm_90 with the native kernels the QAT backward stores every (query tile, key tile) pair's
-  // dS tile, 8 KiB, in the workspace while they fit FVATTN_DS_BUDGET_MIB, on every handle. Beyond
-  // it (here: a budget of 0), at D = 128 a handle that is not deterministic reduces dQ into an fp32
-  // accumulator instead: 4 (D + 1) bytes per head and query row, rows rounded up to 64. Other
-  // devices and kernel sets need neither.
+  // dS tile, 8 KiB, in the workspace while they fit the handle's ds_budget_mib, on every handle.
+  // Beyond it (here: a budget of 0), at D = 128 a handle that is not deterministic reduces dQ into
+  // an fp32 accumulator instead: 4 (D + 1) bytes per head and query row, rows rounded up to 64.
+  // Other devices and kernel sets need neither.
   QatCase c = random_qat_case("production");
   c.D = 128;
   const QatTensors in = make_qat_inputs(c);
   DeviceTensor q(in.q), k(in.k), v(in.v);
-  CudaHandle det(true), fast(false);
-  auto bytes_of = [&](const CudaHandle& h) {
+  auto bytes_of = [&](bool deterministic, int32_t budget) {
+    CudaHandle h(with_ds_budget(budget, test_handle_options(deterministic)));
     size_t bytes = 0;
     REQUIRE_OK(fva_qat_backward_workspace_size(h.h, &c.cfg, q.t(), k.t(), v.t(), &bytes));
     return bytes;
   };
-  const bool native = runs_native_sm90(fast.h);
+  CudaHandle probe;
+  const bool native = runs_native_sm90(probe.h);
   const size_t tiles = static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * ((c.Skv + 63) / 64)) * 8192;
   const size_t accumulator =
       static_cast<size_t>(c.B * c.Hq * ((c.Sq + 63) / 64) * 64 * (c.D + 1) * 4);
   INFO(describe(c) << ", native sm_90a kernels " << native);
-  size_t det_stored = 0, fast_stored = 0;
-  {
-    ScopedEnv default_budget("FVATTN_DS_BUDGET_MIB", "2048");  // CTest also runs the suite with 0
-    det_stored = bytes_of(det);
-    fast_stored = bytes_of(fast);
-  }
-  ScopedEnv none("FVATTN_DS_BUDGET_MIB", "0");
-  const size_t det_plain = bytes_of(det), fast_plain = bytes_of(fast);
+  const size_t det_stored = bytes_of(true, 2048), fast_stored = bytes_of(false, 2048);
+  const size_t det_plain = bytes_of(true, 0), fast_plain = bytes_of(false, 0);
   CHECK(det_stored == fast_stored);
   CHECK(det_stored == det_plain + (native ? tiles : 0));
   CHECK(fast_plain == det_plain + (native ? accumulator : 0));

@@ -5,7 +5,7 @@
 # `git diff <base commit> -- kernels src > ab-base.patch`, left untracked so that the device tool
 # carries it), built beside it without tests or bindings. The benches then alternate, base first,
 # ROUNDS times (default 2), on the same card in the same power state, and a table of TFLOPS (and
-# the SM clock) per op and length comes last. Unlike tools/device/experiments.sh, the variants
+# the SM clock) per op and length comes last. Unlike tools/lab/experiments.sh, the variants
 # need no runtime switch in the library.
 #   BASE_PATCH (required), ROUNDS, BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT,
 #   AB_BASE_DIR (where the base tree is built; default /tmp/fvattn-ab-base), NEW_ENVS (more

@@ -19,7 +19,7 @@
 #   KERNEL_TIMES (optional, a kernel-name regex: then each build's launches of those kernels are
 #   timed by tools/device/kernel_times.sh at each of KERNEL_TIMES_SEQ (default 16384) after the
 #   A/B, and summary.txt ends with the median per kernel of each), TIMELINE (optional, sequence lengths, e.g. "16384 32768": then
-#   the VSA forward's timeline probe, tools/device/vsa_fwd_timeline.cu, runs on both trees at those
+#   the VSA forward's timeline probe, tools/lab/vsa_fwd_timeline.cu, runs on both trees at those
 #   lengths at 25% density, and on both again with their traced tiles' steps, -DFVA_TRACE_TILES
 #   and TIMELINE_FLAGS (e.g. -DFVA_TRACED_FROM=29: other entries of the list); its output ends
 #   summary.txt).
@@ -119,7 +119,7 @@ if [ -n "${TIMELINE:-}" ]; then
   for run in ".:" "$base_dir:" ".:$traced" "$base_dir:$traced"; do
     tree=${run%%:*} flags=${run#*:}
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I "$tree/kernels" \
-      -o "$work/timeline" tools/device/vsa_fwd_timeline.cu -lcuda > "$work/timeline-build.log" 2>&1 ||
+      -o "$work/timeline" tools/lab/vsa_fwd_timeline.cu -lcuda > "$work/timeline-build.log" 2>&1 ||
       { note "timeline probe: did not build against $tree"; continue; }
     for s in $TIMELINE; do
       note "== timeline: $([ "$tree" = . ] && echo new || echo base) $flags S=$s"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A/B of runtime variants of ONE build, ON THE GPU MACHINE from the repo root: each variant is a set
-# of environment variables (a temporary FVATTN_EXPERIMENT switch in the library's dispatch, or a
-# documented knob such as FVATTN_DS_BUDGET_MIB), benched alternately, base first, ROUNDS times, on
+# of environment variables (a temporary FVATTN_EXPERIMENT switch in the library's dispatch, or the
+# environment default of a handle option, such as FVATTN_DS_BUDGET_MIB), benched alternately, base first, ROUNDS times, on
 # the same card in the same power state; a table of TFLOPS and the SM clock per op and length comes
 # last. Unlike tools/device/ab_builds.sh there is no second build (a minute less on the device);
-# unlike tools/device/experiments.sh there are no tests or sanitizers (run those on the variant
+# unlike tools/lab/experiments.sh there are no tests or sanitizers (run those on the variant
 # separately, with the same variables).
 #   VARIANTS (required): "name=VAR=VALUE,VAR=VALUE name2=..." (space-separated; a name alone, e.g.
 #   "base", runs with nothing set); ROUNDS (default 2); BENCH_ARGS (default: --seq 16384,32768

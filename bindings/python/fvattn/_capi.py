@@ -24,15 +24,23 @@ class Tensor(ctypes.Structure):
                 ("shape", c_int64 * MAX_RANK), ("strides", c_int64 * MAX_RANK)]
 
 
+OPTION_AUTO = -1  # FVA_OPTION_AUTO
+TUNING_OPTIONS = ("qat_forward_split", "qat_forward_clusters", "ds_budget_mib", "chained_launches",
+                  "cpu_threads")
+
+
 class HandleOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_int32), ("device", c_int32),
-                ("deterministic", c_int32), ("kernels", c_int32)]
+                ("deterministic", c_int32), ("kernels", c_int32)] + \
+               [(name, c_int32) for name in TUNING_OPTIONS]
 
 
 class HandleInfo(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_int32), ("device", c_int32),
                 ("sm_major", c_int32), ("sm_minor", c_int32), ("sm_count", c_int32),
-                ("image", c_char * 16), ("device_name", c_char * 256)]
+                ("image", c_char * 16), ("device_name", c_char * 256),
+                ("deterministic", c_int32), ("kernels", c_int32)] + \
+               [(name, c_int32) for name in TUNING_OPTIONS]
 
 
 class QatConfigC(ctypes.Structure):

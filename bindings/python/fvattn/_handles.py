@@ -4,8 +4,9 @@ Read from the environment when a handle is created: FVATTN_KERNELS=portable pins
 the portable kernels (FVA_KERNELS_PORTABLE; the default, auto, lets the library pick);
 FVATTN_DETERMINISTIC=1 makes the handles deterministic (bitwise reproducible results; the default,
 0, lets a QAT backward on an H100/H200 too large for the stored-dS budget sum dQ with atomics, which
-is faster there). The library itself reads FVATTN_DS_BUDGET_MIB at every call: the most workspace,
-in MiB, the H100/H200 backwards may use for stored dS (default 2048; 0: none; fvattn.h)."""
+is faster there). The handles' tuning options stay FVA_OPTION_AUTO, so the library's own
+environment defaults (FVATTN_DS_BUDGET_MIB and the others of fvattn.h) apply, read once when the
+handle is created; info() reports what they resolved to."""
 import ctypes
 import os
 import threading
@@ -41,7 +42,8 @@ def get(backend, device=-1):
             opts = _capi.HandleOptions(struct_size=ctypes.sizeof(_capi.HandleOptions),
                                        backend=_capi.BACKEND_CPU if backend == "cpu" else _capi.BACKEND_CUDA,
                                        device=device, deterministic=_deterministic(),
-                                       kernels=_kernels())
+                                       kernels=_kernels(),
+                                       **{name: _capi.OPTION_AUTO for name in _capi.TUNING_OPTIONS})
             out = ctypes.c_void_p()
             _capi.check(lib.fva_create(ctypes.byref(out), ctypes.byref(opts)))
             h = _handles[key] = out
@@ -55,4 +57,6 @@ def info(backend="cpu", device=-1):
     names = {_capi.BACKEND_CPU: "cpu", _capi.BACKEND_CUDA: "cuda"}
     return {"backend": names.get(i.backend, str(i.backend)), "device": i.device,
             "sm": (i.sm_major, i.sm_minor), "sm_count": i.sm_count,
-            "image": i.image.decode(), "device_name": i.device_name.decode()}
+            "image": i.image.decode(), "device_name": i.device_name.decode(),
+            "deterministic": i.deterministic, "kernels": i.kernels,
+            **{name: getattr(i, name) for name in _capi.TUNING_OPTIONS}}
