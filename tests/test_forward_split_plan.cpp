@@ -1,5 +1,5 @@
 // The plan of the sm_90a QAT forward's tail split (kernels/shared/forward_split_plan.h), without a
-// GPU: the shapes of issue 5 on the H200 (132 SMs, B = 1, H = 8: 1024 query tiles of 128 rows at
+// GPU: the benchmark's shapes on the H200 (132 SMs, B = 1, H = 8: 1024 query tiles of 128 rows at
 // S = 16384, 2048 at 32768), the forced counts, and over many shapes what every plan must hold
 // (the kernel hangs on an empty piece: a piece needs at least one key tile).
 #include <doctest/doctest.h>
@@ -13,7 +13,7 @@ using fva::kern::ForwardSplitPlan;
 using fva::kern::kMaxForwardSplitPieces;
 using fva::kern::plan_forward_split;
 
-TEST_CASE("the QAT forward's tail split plan at issue 5's shapes on the H200") {
+TEST_CASE("the QAT forward's tail split plan at the benchmark's shapes on the H200") {
   // S = 16384: 100 tiles in the last wave. Quantized P's maxima pass makes any split longer than
   // the unsplit wave; plain attention takes 5 pieces (500 in 4 waves of a fifth of a tile).
   CHECK(plan_forward_split(1024, 132, 256, true, -1).pieces == 1);

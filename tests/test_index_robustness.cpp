@@ -1,4 +1,4 @@
-// VSA metadata that no argument check can see (issue 6): the contents of q2k_idx, q2k_num and
+// VSA metadata that no argument check can see: the contents of q2k_idx, q2k_num and
 // block_sizes are never read on the host by a GPU backend, so every backend must survive any values
 // there, as fvattn.h documents:
 //   - a q2k_idx entry outside [0, num_kv_blocks) is skipped: the result is exactly that of the list

@@ -1,4 +1,4 @@
-// Thread safety (issue 6): one handle used by eight threads at once gives, bit for bit, what the
+// Thread safety: one handle used by eight threads at once gives, bit for bit, what the
 // same calls give one after another on one thread, on every backend available (CPU always, CUDA
 // where there is a device). The threads share their input tensors and the handle; each has its own
 // outputs and workspaces. The eight jobs mix QAT forward/backward (three configs), VSA

@@ -1,4 +1,4 @@
-// The versions agree (issue 6): the header's FVA_VERSION_* and FVA_ABI_VERSION, what the loaded
+// The versions agree: the header's FVA_VERSION_* and FVA_ABI_VERSION, what the loaded
 // library reports (fva_version, fva_abi_version), the SONAME the linker recorded
 // (libfvattn.so.<FVA_ABI_VERSION>), the file name (libfvattn.so.MAJOR.MINOR.PATCH) and the symbol
 // version node the exports live under (FVATTN_<FVA_ABI_VERSION>). CMake reads the version and the

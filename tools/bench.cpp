@@ -354,7 +354,7 @@ int cmd_bench(int argc, char** argv) {
           "             portable kernels' rows marked '/portable'\n"
           "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
           "             runs its dQ kernel instead of dQ fused into dK/dV)\n"
-          "  --lists: VSA's q2k lists: random (the default; what issue 5's targets use) or\n"
+          "  --lists: VSA's q2k lists: random (the default; the headline figures use it) or\n"
           "             local (video-like: each q block picks the kv blocks nearest it in a\n"
           "             (t, y, x) tile grid, with noise; neighbours share most of their picks)\n"
           "  --ops: which of the library's ops run: qat, vsa or both (the default); PyTorch's\n"

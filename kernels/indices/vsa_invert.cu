@@ -16,8 +16,6 @@
 // pair's dS tile. fva_vsa_invert_indices additionally runs
 //   4. emit: each segment's q blocks without duplicates into k2q_idx (padded with -1) and k2q_num.
 // The backward also orders its dK/dV blocks by their lists' lengths (fva_vsa_invert_order).
-// (Before: zero, count and fill by global atomics, a scan per unit and a rank sort per segment,
-// 83 us at S=32768, H=8 on the H200.)
 #include "primitives/kernel_chain.cuh"
 #include "shared/kernel_params.h"
 #include "schedules/vsa.cuh"
@@ -159,8 +157,8 @@ __device__ __forceinline__ int padded(int i) { return i + i / 32; }
 // array of num_kv_blocks x num_chunks (kv-major; fewer than 2^31 elements: invert_chunking), in
 // tiles of kScanThreads x kScanItems, a running total carried between tiles. A tile goes through
 // shared memory both ways, so that global loads and stores are coalesced while each thread scans
-// consecutive elements. (Each thread loading its own 16 consecutive elements from global memory,
-// a 64-byte stride across the warp, took 20 us at S=32768, H=8.)
+// consecutive elements. (Each thread loading its own 16 consecutive elements from global memory
+// would stride 64 bytes across the warp.)
 extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // primitives/kernel_chain.cuh
   constexpr int kTile = kScanThreads * kScanItems;
@@ -214,8 +212,8 @@ extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(c
 // the buckets laid out by a block scan of the counts); an entry's place in its kv block's run is
 // then the number of entries in its bucket that come before it in the chunk (buckets hold a few
 // entries: 2048 spread over the kv blocks). So the runs come out in (row, slot) order whatever
-// order the atomics ran in. (A warp walking the batch in order with __match_any_sync measured
-// 25-27 us per launch on the H200 at S=16384-32768; its steps serialize.) Dynamic shared memory:
+// order the atomics ran in. (A warp walking the batch in order with __match_any_sync would
+// serialize its steps.) Dynamic shared memory:
 // counts, bucket bases and cursors, min(num_kv_blocks, kInvertKvWindow) each, then the buckets.
 extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
     fva_vsa_invert_place(const InvertParams p) {
@@ -311,7 +309,7 @@ __device__ void wait_for_delta(const int32_t* count, int32_t target) {
 // (longest-processing-time-first list scheduling). A block's rank is counted against every other
 // from shared memory, so the order is a deterministic function of the counts. The unit's kv
 // blocks are split over ceil(num_kv_blocks / blockDim) blocks of the grid (each loads all the
-// weights and ranks its slice): one block per unit left most SMs idle (13 us at 512 kv blocks).
+// weights and ranks its slice): one block per unit would leave most SMs idle.
 // The host launches it for at most kVsaOrderMaxKvBlocks kv blocks (the weights' array). In the
 // backward it is the inverse's last kernel, and Delta runs beside the inverse (p.delta_done):
 // each block's thread 0 then holds the block's exit until Delta is done.

@@ -27,13 +27,13 @@ constexpr int kBwdThreads = 128;
 
 // A lane's 8 elements with one 16-byte load of each tensor where the tensors allow it (16-byte
 // aligned bases, row strides in whole 8-element vectors: dense rows), else element by element.
-// The four memory passes of a warp per row this replaced (2-byte loads, 64 bytes per warp
-// instruction) moved o and dO at about half the DRAM's rate.
+// (Four memory passes of a warp per row, 2-byte loads of 64 bytes per warp instruction, would move
+// o and dO at about half the DRAM's rate.)
 //
 // The grid strides over the rows, kDeltaUnroll row groups per warp at a time with all their loads
 // issued before any product, so that a grid of a few blocks per SM (the VSA backward's, launched
-// first and left resident beside the k2q inverse: vsa_ops.cpp) still keeps enough bytes in flight
-// for the DRAM. A grid of one row group per warp (the QAT backward's) runs the loop once.
+// first and left resident beside the k2q inverse: src/cuda/vsa_ops.cpp) still keeps enough bytes in
+// flight for the DRAM. A grid of one row group per warp (the QAT backward's) runs the loop once.
 // With p.delta_done set, each block adds 1 to it once its rows are written (the release that the
 // dK/dV block order's wait acquires, indices/vsa_invert.cu).
 constexpr int kDeltaUnroll = 4;

@@ -8,7 +8,7 @@
 //     S and the softmax, the next K's load overlaps P·V): each K/V fragment read from shared memory
 //     feeds two MMAs, and the smaller block (48 KiB at D = 128) lets four blocks share an SM (VSA,
 //     whose 64-row q blocks each have their own kv list, so a block cannot grow past 64 rows).
-// Schedules (kernels/schedules/qat.cuh, kernels/schedules/vsa.cuh) say which key tiles a
+// Schedules (schedules/qat.cuh, schedules/vsa.cuh) say which key tiles a
 // query tile visits, which keys of a tile are visible, and what a masked logit becomes.
 //
 // The softmax runs over sub-tiles of Schedule::kSubTile keys (QAT: 32, VSA: 64) because QAT

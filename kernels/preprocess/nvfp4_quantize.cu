@@ -5,9 +5,9 @@
 // (16 consecutive elements of a token along D) are dealt to the lanes in row-major order, so a warp
 // reads and writes whole rows (coalesced), with 16-byte accesses (the API's checks make every group
 // 16-byte aligned: data pointers and the strides of dimensions longer than 1 are multiples of 16
-// bytes). (Until 9dcfbb0 a lane walked one token's row element by element: 2-byte loads 32 rows
-// apart, 142 us per 16384 x 8 x 128 tensor on the H200.) The arithmetic is the shared nvfp4/nvfp4.h, so
-// the result is bitwise the CPU reference's. For the sm_90a QAT forward, K's and V's copies are
+// bytes). (A lane walking one token's row element by element would make 2-byte loads 32 rows
+// apart.) The arithmetic is the shared nvfp4/nvfp4.h, so the result is bitwise the CPU
+// reference's. For the sm_90a QAT forward, K's and V's copies are
 // written in its owned-group key order (shared/key_order.h: rows permuted within 64-token tiles)
 // and padded with zero rows to whole tiles (QuantizeJob::owned_order).
 #include "primitives/sm80.cuh"
@@ -73,8 +73,8 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   const int lane = threadIdx.x & 31;
   // The warp's (b, h) and first token. In 32 bits wherever the job's tiles fit them (every tensor
   // a GPU holds today): a 64-bit division is a subroutine of some hundred instructions, and block
-  // mode's warps convert only 8 tokens each (at D = 128), so two or three of them per warp were a
-  // large share of the kernel's instructions.
+  // mode's warps convert only 8 tokens each (at D = 128), so two or three of them per warp would be
+  // a large share of the kernel's instructions.
   const int tiles_per_bh = (job.S + p.tile_tokens - 1) / p.tile_tokens;
   int b, h, s0;
   if (local < (int64_t{1} << 31)) {
@@ -114,11 +114,11 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   }
   // kBatch groups per lane are loaded, as raw words, before any is written: block mode's unit is
   // one batch, so each warp waits for memory once, and y may be x (each group is read whole before
-  // it is written, and groups do not overlap). Block mode's 2 groups per lane (until session 24: a
-  // 32-token unit of 8, 122 registers and 16 warps per SM) and its own kernel, without the tile
-  // mode's code, take 64 registers in bf16, 32 warps per SM: 84 -> 63 us per QAT preparation at
-  // S = 16384 (docs/perf.md). Warps that convert, not bytes in flight, are what this kernel needs: a
-  // persistent grid of 8 warps per SM, each loading its next tile while converting one, took 226 us.
+  // it is written, and groups do not overlap). Block mode's 2 groups per lane and its own kernel,
+  // without the tile mode's code, take 64 registers in bf16, 32 warps per SM (a 32-token unit of 8
+  // groups per lane would take 122 registers, 16 warps per SM). Warps that convert, not bytes in
+  // flight, are what this kernel needs: a persistent grid of a few warps per SM, each loading its
+  // next tile while converting one, leaves too few warps converting.
   for (int g0 = lane; g0 < groups; g0 += 32 * kBatch) {
     RawGroup raw[kBatch];
 #pragma unroll

@@ -46,8 +46,7 @@ __device__ __forceinline__ void score_maxima(const float (&s)[kNT][4], float (&m
 
 // The step in two phases, which a kernel may run apart: the exponentials need only s, the operands
 // need the operand registers (FlashAttention-3's intra-warpgroup overlap runs the first under the
-// previous tile's P·V; measured slower for the QAT forward, docs/perf.md, and not kept).
-// online_softmax_step, below, runs them back to back.
+// previous tile's P·V). online_softmax_step, below, runs them back to back.
 //
 // Phase 1, softmax_exponentials: s holds kNT n8 tiles of (masked) scores, rows g and g + 8 of the
 // warp's m16 tile, and gets p in their place. m: the running max of those two rows (updated);
@@ -157,7 +156,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[kNT][4], fl
   pack_p_operands<T, kNT>(p, a_hp);
   // l: the sum of the fp32 p (FastVideo's QAT kernel sums p rounded to the dtype; the two differ
   // by the dtype's rounding errors, unbiased and averaging out, well under 2^-9 of l: unpacking
-  // the rounded values again cost two instructions per element).
+  // the rounded values again would cost two instructions per element).
   if constexpr (kSumRows) {
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -237,8 +236,8 @@ struct LazyTileSoftmax {
 // The tile's keys are in the owned-group order (shared/key_order.h): lane t of the quad holds all 16
 // keys of NVFP4 group t of each of its rows (s[j][2r], s[j][2r + 1], j = 0..7), and group t lies
 // in 32-key sub-tile t / 2, so a group's max and scale are the lane's own, with no exchange, and
-// the sub-tiles' maxima take two exchanges per row. (In the natural order a group was spread over
-// the quad: 12 exchanges per sub-tile on the softmax's critical path; session 19.)
+// the sub-tiles' maxima take two exchanges per row. (In the natural order a group would be spread
+// over the quad: 12 exchanges per sub-tile on the softmax's critical path.)
 template <typename T>
 struct OwnedGroupTileSoftmax {
   // bf16 P: FQ_P's rounding and decode in bf16x2 arithmetic (e2m1_round_scale_bf16x2), with the

@@ -160,9 +160,8 @@ __device__ __forceinline__ float column_max(float x) {
 // max over those lanes. With the steps in that order a lane whose bits of the masks, read from the
 // first, form the number k keeps groups [k (G >> kSteps), (k + 1) (G >> kSteps)).
 // The inner loop runs to the constant G / 2 and tests k < half inside: with the trip count `half`
-// (constant only once the outer loop is unrolled) the compiler left it rolled, indexed `a` at run
-// time and put it in local memory (the dK/dV kernel: a 64-byte stack frame, 1.8 local loads and
-// stores per score element).
+// (constant only once the outer loop is unrolled) the compiler leaves it rolled, indexes `a` at run
+// time and puts it in local memory.
 template <int G, int kSteps, int kFirstMask>
 __device__ __forceinline__ void halving_max(float (&a)[G]) {
   const int lane = threadIdx.x & 31;

@@ -48,11 +48,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 // Waits until the phase with the given parity has completed.
 // kSuspend: try_wait with a suspend-time hint, so that the waiting thread sleeps until the phase
-// completes (or the hint's time passes) instead of returning at once and looping. Without it the
-// producers spun: ncu counted 42 try_wait loops per key tile in the QAT forward's producer warp (5%
-// of the kernel's instructions, issue slots taken from the consumer warps on its scheduler).
-// CUTLASS's barriers use the same hint. The compact VSA forward keeps the plain form: at its
-// 128-register cap the suspending loop made ptxas spill 12 bytes.
+// completes (or the hint's time passes) instead of returning at once and looping: a spinning
+// producer warp takes issue slots from the consumer warps on its scheduler. CUTLASS's barriers use
+// the same hint. The compact VSA forward keeps the plain form: at its 128-register cap the
+// suspending loop makes ptxas spill.
 constexpr uint32_t kMbarSuspendHintNs = 0x989680;  // 10 ms, an upper bound: completion wakes it
 template <bool kSuspend = true>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
@@ -234,8 +233,7 @@ __device__ __forceinline__ uint64_t mnmajor_tile_descriptor(uint32_t tile) {
 // The descriptor of the address `bytes` further: the start address field (bits 0-13) holds the
 // address / 16, and shared-memory addresses stay below 2^18 bytes, so the field cannot overflow and
 // one add does it. Deriving a tile's k-step descriptors from one base this way costs an add each,
-// where a descriptor built from scratch costs a mask, a shift and an or (ncu counted about 6
-// uniform-datapath instructions per score element in dK/dV, mostly descriptors).
+// where a descriptor built from scratch costs a mask, a shift and an or.
 // The add is done on the low 32-bit word alone (the field cannot carry out of it): a 64-bit add
 // compiles to an add with carry, and where the descriptor lives in ordinary registers (the QAT
 // forward's ring stages), to copies of the high word before every wgmma as well.
@@ -314,8 +312,8 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_bmn(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 
 // The instances (operand lists written out: inline PTX has no variadic register lists).
-// N = 8: row sums as a product of their own, P against a tile of ones. No kernel issues it since
-// session 27 (the forwards' sums ride on P·V's N = D + 8); tools/device/pv_width_probe.cu prices it.
+// N = 8: row sums as a product of their own, P against a tile of ones. No kernel issues it (the
+// forwards' sums ride on P·V's N = D + 8); tools/lab/pv_width_probe.cu prices it.
 template <>
 __device__ __forceinline__ void wgmma_rs_mn<Bf16, 8>(float (&d)[4], const uint32_t (&a)[4],
                                                    uint64_t b_desc) {

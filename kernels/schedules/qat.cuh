@@ -1,5 +1,5 @@
-// Which tiles QAT attention's kernels visit (SPEC.md section 2), for the shared mainloops of
-// kernels/portable/attention_{forward,backward}.cuh:
+// Which tiles QAT attention's kernels visit (SPEC.md section 2), for the mainloops of
+// portable/attention_{forward,backward}.cuh and of the sm_90a kernels (sm90/):
 //   - QatKeyTiles (forward, dQ): the 64-key tiles of a 64-row query tile, from key 0; causal stops
 //     after the tile holding the last row's diagonal. Keys past Skv and (causal) above the diagonal
 //     get FastVideo's masked logit -1e6 (before scaling), so p is exactly 0 there.

@@ -1,7 +1,8 @@
-// Which tiles VSA's kernels visit (SPEC.md section 3), for the shared mainloops of
-// kernels/portable/attention_{forward,backward}.cuh. The caller's metadata is read under the rules
-// every backend applies (src/cpu/vsa_common.h): q2k_num clamped to [0, max_k], entries outside
-// [0, num_kv_blocks) skipped, block sizes clamped to [0, 64], blocks without a real token skipped.
+// Which tiles VSA's kernels visit (SPEC.md section 3), for the mainloops of
+// portable/attention_{forward,backward}.cuh and of the sm_90a kernels (sm90/). The caller's
+// metadata is read under the rules every backend applies (src/cpu/vsa_common.h): q2k_num clamped
+// to [0, max_k], entries outside [0, num_kv_blocks) skipped, block sizes clamped to [0, 64], blocks
+// without a real token skipped.
 //   - VsaKeyTiles (forward, dQ): a q block's listed kv blocks in list order; keys at slots past
 //     the block's size are masked to -inf.
 //   - VsaQueryTiles (dK/dV): for a kv block, the q blocks of the inverse lists built in the
@@ -93,10 +94,9 @@ struct VsaKeyTiles {
       packed = code;
       usable = __ballot_sync(0xffffffffu, code != 0u);
       // The next window's entries into the L1 now, for its read 32 tiles later in pop() (two
-      // dependent loads: the entry, then its block's size). Session 34 measured that read at about
-      // 1100 cycles in the VSA forward, and this prefetch took about 200 of them: the sizes, or
-      // the entries, still come from the L2. The kernels pop while a product runs, which hides
-      // most of the rest.
+      // dependent loads: the entry, then its block's size, each an L2 round trip otherwise). The
+      // prefetch shortens that read only in part: the sizes, or the entries, still come from the
+      // L2. The kernels pop while a product runs, which hides most of the rest.
       if (i + 32 < keys.count) prefetch_l1(keys.list + i + 32);
     }
     // The next tile of the list (invalid once it is done).

@@ -6,27 +6,25 @@
 //     S = Q Kᵀ, dP = dO Vᵀ                      (wgmma, shared-memory operands)
 //     P = 2^(S scale log2e - lse) (masked: 0), dS = dtype(P (dP - Delta))           (ds_tile)
 //     dQ += dS K                                (wgmma, dS from registers, K read MN-major)
-// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k). Thread 0
-// loads the next key tile's K and V into the two key-side tiles, which swap roles every key tile
-// (see the loop). A block's rows are its own and the tiles come in a fixed order, so dQ is a
-// fixed-order sum: bitwise reproducible on every handle, no reduction buffer and no atomics. P's
-// quantization plays no part in dQ (SPEC.md: dS uses the high-precision P), so every P scale mode
-// runs here.
+// and finally stores dQ = scale (dQ + rowsum(dS) mean(k)) (the mean term: QAT smooth_k;
+// sm90/dq_epilogue.cuh). Thread 0 loads the next key tile's K and V into the two key-side tiles,
+// which swap roles every key tile (see the loop). A block's rows are its own and the tiles come in
+// a fixed order, so dQ is a fixed-order sum: bitwise reproducible on every handle, no reduction
+// buffer and no atomics. P's quantization plays no part in dQ (SPEC.md: dS uses the high-precision
+// P), so every P scale mode runs here.
 // Why not FlashAttention-3's warp-specialized shape (a producer warpgroup and a K/V ring, as QAT's
 // forward): for VSA, a q block's list is its own, so consumers share no tiles and a producer per
-// consumer left two consumers per SM; here three share an SM, whose warp schedulers run one block's
-// dS arithmetic under the others' products (VSA dQ 0.82 -> 0.79 ms at S=16384 on the H200). For
-// QAT, the warp-specialized dQ (two consumers sharing each K/V tile, one block per SM, until
-// 6b151ab) measured the same as this kernel (QAT backward 300.1 against 300.5 TFLOPS at S=16384,
-// 301.3 against 303.0 at 32768, docs/perf.md), so one dQ kernel serves both.
+// consumer leaves two consumers per SM; here three share an SM, whose warp schedulers run one
+// block's dS arithmetic under the others' products. For QAT, a warp-specialized dQ (two consumers
+// sharing each K/V tile, one block per SM) is no faster than this kernel, so one dQ kernel serves
+// both.
 // Where this kernel runs: only beyond the stored-dS budget (FVATTN_DS_BUDGET_MIB), for VSA, and
 // for QAT on deterministic handles or at D = 64. Within it, the dK/dV kernel stores dS and
 // sm90/attention_dq_from_ds.cuh needs one product per pair instead of this kernel's three; beyond
 // it, QAT at D = 128 on handles that are not deterministic reduces dQ inside its dK/dV kernel
 // (sm90/attention_dkdv.cuh, kFuseDq, 128 keys per block). VSA cannot: its key blocks have
 // lists of their own, so a block cannot pair two, and with one 64-key block the fp32 reductions
-// (32 KiB per pair, L2-bound) cost more than this kernel's recomputed S and dP (VSA backward
-// 345.0 fused against 389.5 TFLOPS at S=16384; docs/perf.md, session 8).
+// (32 KiB per pair, L2-bound) cost more than this kernel's recomputed S and dP.
 #pragma once
 
 #include <math_constants.h>
@@ -36,7 +34,8 @@
 #include "shared/kernel_params.h"
 #include "primitives/online_softmax.cuh"
 #include "sm90/compact_tiles.cuh"
-#include "sm90/query_stream.cuh"  // zero_tile_rows
+#include "sm90/dq_epilogue.cuh"
+#include "sm90/zero_tile_rows.cuh"
 
 namespace fva::dev::sm90 {
 
@@ -93,33 +92,6 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
   }
 }
 
-// dQ = scale (dS K + rowsum(dS) mean(k)) of a thread's two rows; rows past Sq are not written.
-template <typename T, int D>
-__device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, int h, int row_base,
-                                         int t, const float (&dq)[D / 2],
-                                         const float (&ds_sum)[2]) {
-  using E = typename T::Storage;
-  const float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
-  E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + 8 * r;
-    if (row >= p.Sq) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int col = j * 8 + 2 * t;
-      float x0 = dq[4 * j + 2 * r], x1 = dq[4 * j + 2 * r + 1];
-      if (p.k_mean != nullptr) {
-        x0 += rowsum[r] * p.k_mean[col];
-        x1 += rowsum[r] * p.k_mean[col + 1];
-      }
-      *reinterpret_cast<uint32_t*>(dqg + row * p.dq.stride_s + col) =
-          T::pack(p.scale * x0, p.scale * x1);
-    }
-  }
-}
-
-
 template <typename T, int D, typename Schedule>
 __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams& P,
                                                   char* smem) {
@@ -164,7 +136,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   // The two key-side tiles swap roles every key tile: tile i's K sits where tile i - 1's V was.
   // The next K is loaded as soon as dP has read this V, and the next V once dS K has read this K;
   // so the next S starts on a K loaded under this tile's dS arithmetic and product, and only dP
-  // waits for the V loaded last (before, the next K waited for dS K, and S for that load).
+  // waits for the V loaded last (rather than the next K waiting for dS K, and S for that load).
   // Each slot's barrier completes once per key tile, so one phase serves both.
   uint32_t phase = 0;
   int k_slot = kK;  // load_first_keys put the first tile's K in kK and its V in kV

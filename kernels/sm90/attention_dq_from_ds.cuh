@@ -4,8 +4,8 @@
 // then dS K), and without the fused kernel's fp32 reductions (kFuseDq).
 //
 // Why: a dK/dV block owns one 64-key tile, which can only hand dQ its part through fp32
-// reductions of 32 KiB per pair in the L2, which cost more than they save on the H200 (docs/perf.md,
-// session 8; VSA's key blocks have lists of their own, so a block cannot even pair two). Storing
+// reductions of 32 KiB per pair in the L2, which cost more than they save (VSA's key blocks have
+// lists of their own, so a block cannot even pair two). Storing
 // the pair's dS instead costs 8 KiB of plain, fully coalesced stores per pair, and dQ becomes a
 // stream: per pair, a K tile (from the L2: K is small) and a dS tile (from memory), and one
 // 64 x D x 64 product. Every query tile still sums its pairs in its schedule's order in its own
@@ -18,59 +18,23 @@
 // the 8 x 8 blocks (keys 16s + {0, 8}) x (queries 16 w2 + {0, 8}); transposed in registers
 // (movmatrix) they are the A fragment of dQ's k16 step s for this warp's rows.
 //
-// Shape: one warpgroup per 64-row query tile (the compact kernels' shape), a kStages ring of (K tile,
-// dS tile) filled by warp 0's lane 0 (TMA for K, a bulk copy for dS), four blocks per SM, so the
-// SM's tensor cores work on one block's product while the others' loads are in flight.
+// Shape: one warpgroup per 64-row query tile (the compact kernels' shape), a kStages ring of (K
+// tile, dS tile) filled by warp 0's lane 0 (TMA for K, a bulk copy for dS;
+// sm90/dq_from_ds_ring.cuh), four blocks per SM, so the SM's tensor cores work on one block's
+// product while the others' loads are in flight. The stores: sm90/dq_epilogue.cuh.
 #pragma once
 
 #include "shared/kernel_params.h"
-#include "sm90/attention_dq.cuh"  // store_dq
-#include "sm90/query_stream.cuh"  // zero_tile_rows
+#include "sm90/dq_epilogue.cuh"
+#include "sm90/dq_from_ds_ring.cuh"
+#include "sm90/zero_tile_rows.cuh"
 
 namespace fva::dev::sm90 {
-
-template <int D, int kStages>
-struct DsStreamLayout {
-  static constexpr int kRegionBytes = 64 * 128;
-  static constexpr int kRegions = D / 64;
-  static constexpr int kTileBytes = kRegions * kRegionBytes;  // K: 64 keys x D
-  static constexpr int kDsBytes = static_cast<int>(kern::sm90_ds_tile_bytes);
-  static constexpr int kStageBytes = kTileBytes + kDsBytes;  // a multiple of 1024: K stays aligned
-  static constexpr int kBarriers = kStages * kStageBytes;
-  static_assert(kern::sm90_dq_from_ds_smem_bytes(D, kStages) == kBarriers + 8 * kStages,
-                "host and device disagree on the shared-memory layout");
-
-  uint32_t base;  // 1024-byte aligned
-  __device__ __forceinline__ uint32_t k_tile(int s) const { return base + s * kStageBytes; }
-  __device__ __forceinline__ uint32_t ds_tile(int s) const {
-    return base + s * kStageBytes + kTileBytes;
-  }
-  __device__ __forceinline__ uint32_t full(int s) const { return base + kBarriers + 8 * s; }
-};
-
-// This warp's A fragments of dQ's four k16 steps (keys 16 step ...) from a stored dS tile in
-// shared memory (see above): the fragment's blocks transposed, and its middle two swapped (the
-// stored a[1] is keys + 8, the A fragment's a[1] rows + 8).
-__device__ __forceinline__ void load_ds_fragments(uint32_t ds_tile, int warp, int lane,
-                                                  uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int step = 0; step < 4; ++step) {
-    uint32_t f[4];
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
-                 : "r"(ds_tile + ((4 * step + warp) * 32 + lane) * 16)
-                 : "memory");
-    a[step][0] = transpose_8x8(f[0]);
-    a[step][1] = transpose_8x8(f[2]);
-    a[step][2] = transpose_8x8(f[1]);
-    a[step][3] = transpose_8x8(f[3]);
-  }
-}
 
 template <typename T, int D, typename Schedule, int kStages>
 __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90BackwardParams& P,
                                                           char* smem) {
-  using L = DsStreamLayout<D, kStages>;
+  using L = DqFromDsRing<D, kStages>;
   const kern::AttentionParams& p = P.a;
   const L ring{smem_addr(smem)};
   if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions

@@ -3,34 +3,29 @@
 // and walks its q2k list, so the list is the schedule:
 //     S = Q Kᵀ (wgmma, shared-memory operands) -> ragged mask -> online softmax -> o += P·V (wgmma,
 //     P from registers, V in shared memory)
-// The softmax rescales lazily (primitives/online_softmax.cuh): o and l are rescaled only when a row's max
-// passes its reference by more than 2^8, not whenever some row's max rises (+3-5% on the H200,
-// docs/perf.md session 12), which also freed the registers for the one-FMA exponent.
+// then stores its rows (sm90/forward_epilogue.cuh, store_forward_outputs_tma).
+// The softmax rescales lazily (primitives/online_softmax.cuh): o and l are rescaled only when a
+// row's max passes its reference by more than 2^8, not whenever some row's max rises, which also
+// frees the registers for the one-FMA exponent.
 // One K and one V buffer, no ring: warp 0's lane 0 issues the TMA for the next listed block's K
 // as soon as this block's S has read K, and the next V once P·V has read V, so each load runs
 // under the softmax or the next S. Under this kernel's L2 traffic (near the L2's read bandwidth)
-// a load takes about 2300 cycles, a little more than that lead, so a tile's period is a load's
-// latency plus the product that holds its buffer, and the softmax is off that path (session 23's
-// tile timeline, docs/perf.md); a second buffer does not fit four blocks per SM. The overlap of
-// one q block's softmax with tensor-core work comes from the other three blocks on the SM, which
-// the warp schedulers interleave.
-// Per tile, a warp issues few instructions besides the softmax's (session 16: 377 -> 266 in the
-// loop's common path, 486 -> 539 TFLOPS at S=16384): the list comes from registers
-// (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a region of ones), V's
-// descriptors from uniform registers, and each warp votes on its own rescale. At that rate the
-// K and V tiles stream from the L2 at 90-99% of its measured read bandwidth (docs/perf.md), but
-// that is not the bound: two q blocks per block that load the kv blocks both list once read 10%
-// fewer bytes in the same time (session 27), with the tensor pipe 68-69% active in both: the
-// products' shapes set the rate (S as m64n64k16 products; the rows' sums, once four m64n8k16
-// products of their own, now ride on P·V's).
+// a load takes a little longer than that lead, so a tile's period is a load's latency plus the
+// product that holds its buffer, and the softmax is off that path; a second buffer does not fit
+// four blocks per SM. The overlap of one q block's softmax with tensor-core work comes from the
+// other three blocks on the SM, which the warp schedulers interleave.
+// Per tile, a warp issues few instructions besides the softmax's: the list comes from registers
+// (VsaKeyTiles::Window), the rows' sums from the tensor cores (P against a region of ones, in
+// P·V's own product), V's descriptors from uniform registers, and each warp votes on its own
+// rescale. The K and V tiles then stream from the L2 near its read bandwidth, but that is not the
+// bound: the products' shapes set the rate (S as m64n64k16 products).
 //
 // Why not the warp-specialized forward (sm90/attention_forward.cuh), as QAT: a VSA q block has its
-// own list, so two consumers cannot share K/V tiles, and a producer warpgroup per consumer left an
-// SM two consumers (two blocks of 3-stage rings). Here 48 KiB of shared memory and 128 registers
-// per thread buy four: 356 -> 471 TFLOPS at S=16384 on the H200 (docs/perf.md). A persistent form
-// (a grid of four blocks per SM striding over the q blocks) measured 468 and 486 against 471 and
-// 496 at S=16384 and 32768: the hardware's block scheduler, which starts a q block wherever one
-// finishes, already balances the lists' different lengths at the grain of one q block.
+// own list, so two consumers cannot share K/V tiles, and a producer warpgroup per consumer leaves
+// an SM two consumers (two blocks of 3-stage rings). Here 48 KiB of shared memory and 128
+// registers per thread buy four. Nor a persistent grid (four blocks per SM striding over the q
+// blocks): the hardware's block scheduler, which starts a q block wherever one finishes, already
+// balances the lists' different lengths at the grain of one q block.
 //
 // Shared memory: CompactTiles (sm90/compact_tiles.cuh) of three tiles, Q | K | V, and a region of
 // ones after V (holding the barriers in bytes no product reads); the Q tile stages o for its TMA
@@ -41,11 +36,11 @@
 
 #include "shared/kernel_params.h"
 #include "primitives/online_softmax.cuh"
-#include "sm90/attention_forward.cuh"  // store_row_lse
 #include "sm90/compact_tiles.cuh"
-#include "sm90/query_stream.cuh"  // zero_tile_rows
+#include "sm90/forward_epilogue.cuh"
+#include "sm90/zero_tile_rows.cuh"
 
-// Per-block timestamps for tools/device/vsa_fwd_timeline.cu, which defines this before including
+// Per-block timestamps for tools/lab/vsa_fwd_timeline.cu, which defines this before including
 // the kernel: FVA_VSA_FWD_TRACE(event) with event 0 (the block starts), 1 (its Q has landed),
 // 2 (its last tile is done), 3 (its outputs are stored). Nothing in the library.
 // FVA_VSA_FWD_TILE_TRACE(event, index) marks the steps of the listed tile at list index `index`:
@@ -98,8 +93,8 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   // product per k16 step against V and the region of ones after it (CompactTiles), so its last n8
   // block (o[D / 2 .. D / 2 + 3]) holds each row's sum of P and is rescaled with o. It sums
   // bf16(p), the operand P·V reads, and takes 32 adds and the quad's shuffles per tile off the
-  // ALUs. (Until session 27 the sums were four m64n8k16 products beside P·V, against a separate
-  // tile of ones: an n8 product costs the tensor pipe far more than its 8 columns.)
+  // ALUs. (Not as m64n8k16 products of their own: an n8 product costs the tensor pipe far more
+  // than its 8 columns.)
   constexpr int kAcc = D / 2 + 4;
   float o[kAcc];
 #pragma unroll
@@ -125,8 +120,6 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     // The next tile, while S runs: the pop (a find-first-set, a shuffle and the window's test;
     // once per 32 tiles also the window's reads of the list's next entries and their blocks'
     // sizes, two dependent L2 round trips) overlaps the product instead of preceding the K wait.
-    // Session 34 (docs/perf.md): every tile's top 90 cycles shorter, +1.2% / +1.4% at S=16384 /
-    // 32768.
     const auto next = list.pop();
     wgmma_wait<0>();
     fence_registers(s_flat);
@@ -186,38 +179,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   }
 
   FVA_VSA_FWD_TRACE(2);
-  const float l[2] = {o[D / 2], o[D / 2 + 2]};  // rows g and g + 8 (every column holds the sum)
-  // Where the rows go, from fresh reads of the block's index (opaque): the mainloop then keeps no
-  // register for them (session 18: +0.7-0.9% at S = 16384 and 32768).
-  const CompactBlock out(p, opaque(blockIdx.x), opaque(blockIdx.y));
-  const int row_base = out.row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
-  // o through shared memory and the TMA, as FlashAttention-3 stores it: each thread writes its
-  // normalized, packed pairs into the Q tile (free since the last S) in the map's 128-byte
-  // swizzle, one conflict-free 4-byte store each (a warp's 32 lanes hit 32 banks), and one thread
-  // stores the tile. Before (session 22), the threads' own global stores wrote 16 bytes of a row
-  // per lane quad, eight rows per instruction: the block's end took 3400 cycles, now 2000
-  // (docs/perf.md, session 23). The TMA writes whole lines and skips rows past Sq.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float inv = l[r] > 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0)
-    const int row = 16 * warp + g + 8 * r;  // row % 8 = g
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      st_shared_u32(swizzled_chunk_128b(q_tile + (j / 8) * L::kRegionBytes, row, g, j % 8) + 4 * t,
-                    T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
-  }
-  fence_proxy_async();
-  warpgroup_sync();
-  if (tid == 0) {
-#pragma unroll
-    for (int r = 0; r < L::kRegions; ++r)
-      tma_store_4d(&P.o, q_tile + r * L::kRegionBytes, 64 * r, out.row0, out.h, out.b);
-    bulk_store_commit();
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    if (t == 0 && row_base + 8 * r < p.Sq) store_row_lse(p, out.b, out.h, row_base + 8 * r, m[r], l[r]);
-  if (tid == 0) bulk_store_wait_read();  // the tile stays allocated until the TMA has read it
+  store_forward_outputs_tma<T, D, L>(P, o, m, q_tile, tid, warp, g, t);
   FVA_VSA_FWD_TRACE(3);
 }
 

@@ -86,8 +86,7 @@ struct CompactTiles {
   // prefetches, then the query-side loads), then the whole block meets. The query-side tiles
   // (tile 0 onward, on the query barrier) depend on nothing but the block's index, so they are
   // issued before anything is read from the schedule: their DRAM latency runs under the list's
-  // dependent reads (the timeline probe, docs/perf.md session 23, measured a block's start at
-  // about two tiles' time when Q waited for the list).
+  // dependent reads instead of after them.
   template <typename Start>
   __device__ __forceinline__ void setup(Start&& start) const {
     if (threadIdx.x == 0) {

@@ -17,13 +17,14 @@
 // is the same on every run; it differs from the unsplit kernel's by rounding (fp32, and P's
 // operands, which are relative to another reference).
 //
-// Quantized P needs more: SPEC.md quantizes p = exp2(s - m') against the running max m' over
-// every key before it, and a piece that started its running max from its own keys computed
-// another FQ_P (o 4% from the reference, session 26, docs/perf.md). So with quantized P every
-// piece but the last first runs its key tiles through S alone (K only: the producer completes
-// the stage's V barrier without a load), publishes its rows' maxima, and only then runs its
-// mainloop; a piece after the first starts its running max from the maxima of the pieces before
-// it (their keys are exactly the ones before its own). FQ_P's scales and codes are then SPEC's.
+// Quantized P needs more: SPEC.md quantizes p = exp2(s - m') against the running max m' over every
+// key before it, and a piece that started its running max from its own keys would compute another
+// FQ_P (and an o visibly off the reference). So with quantized P every piece but the last first
+// runs its key tiles through S alone (K only: the producer completes the stage's V barrier without
+// a load; sm90/forward_producer.cuh, sm90/forward_mainloop.cuh), publishes its rows' maxima, and
+// only then runs its mainloop; a piece after the first starts its running max from the maxima of
+// the pieces before it (their keys are exactly the ones before its own). FQ_P's scales and codes
+// are then SPEC's.
 //
 // The waits need the earlier pieces to make progress: they are lower block indices, which the
 // hardware dispatches first (the same assumption as CUTLASS's stream-K fix-up and FlashAttention

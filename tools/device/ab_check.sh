@@ -12,7 +12,8 @@
 # then the A/B table, last), ab-all.json (every round's bench JSON: {"base": [...], "new": [...]})
 # and logs.tar.gz (every log). A failed build or test skips the A/B: a change that fails its tests
 # has no speed worth measuring.
-#   BASE_PATCH (`git diff <base> -- kernels src > ab-base.patch` here, left untracked) or VARIANTS
+#   BASE_PATCH (`git diff <base> -- kernels src > ab-base.patch` here, left untracked), BASE_TREE
+#   (the base's whole source tree, tools/device/ab_builds.sh) or VARIANTS
 #   (env_ab.sh's: "name=VAR=VALUE,... name2=...", the first the base),
 #   TESTS (default: every GPU test), SANITIZERS (default: racecheck synccheck), ROUNDS (default 2),
 #   BENCH_ARGS (default: --seq 16384,32768 --no-sdpa), OUT (default: /tmp/fvattn-ab-check),
@@ -35,7 +36,7 @@ finish() {
   tar -C "$work" -czf "$OUT/logs.tar.gz" . 2> /dev/null
   exit "$1"
 }
-[ -n "${VARIANTS:-}" ] || : "${BASE_PATCH:?BASE_PATCH (a patch from the base to this checkout) or VARIANTS}"
+[ -n "${VARIANTS:-}${BASE_TREE:-}" ] || : "${BASE_PATCH:?BASE_PATCH (a patch from the base to this checkout), BASE_TREE (the base source tree) or VARIANTS}"
 
 OUT="$work/build" GPU_CHECK_STEPS=build tools/gpu-check > "$work/build.log" 2>&1
 if ! grep -q '^build  *PASS' "$work/build/summary.txt" 2> /dev/null; then
