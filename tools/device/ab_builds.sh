@@ -42,7 +42,7 @@ variants="base new"
 for e in ${NEW_ENVS:-}; do variants+=" ${e%%=*}"; done
 for r in $(seq "${ROUNDS:-2}"); do
   for v in $variants; do
-    bin=build-gpu/tools/fvattn env=()
+    bin=${GPU_CHECK_BUILD_DIR:-build-gpu}/tools/fvattn env=()
     [ $v = base ] && bin=$base/build-gpu/tools/fvattn
     for e in ${NEW_ENVS:-}; do [ "${e%%=*}" = "$v" ] && env=("${e#*=}"); done
     timeout 300 env "${env[@]}" "$bin" bench --json "$OUT/ab-$v-$r.json" $bench_args > "$OUT/ab-$v-$r.log" 2>&1 ||

@@ -45,7 +45,7 @@ if ! grep -q '^build  *PASS' "$work/build/summary.txt" 2> /dev/null; then
 fi
 note "build: PASS"
 
-B=build-gpu
+B=${GPU_CHECK_BUILD_DIR:-build-gpu}  # tools/gpu-check's build directory
 if ! timeout 300 $B/tests/test_gpu_ops -tc="$tests" > "$work/tests.log" 2>&1; then
   note "tests ($tests): FAIL: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/tests.log" | tr '\n' ' ')"
   finish 1
@@ -91,7 +91,7 @@ if [ -n "${KERNEL_TIMES:-}" ]; then
     for v in $variants; do
       name=${v%%=*} env=()
       [ "$v" != "$name" ] && IFS=, read -r -a env <<< "${v#*=}"
-      b=build-gpu
+      b=$B
       [ -z "${VARIANTS:-}" ] && [ "$name" = base ] && b=$base_dir/build-gpu
       env "${env[@]}" BUILD_DIR=$b KERNELS="$KERNEL_TIMES" SEQ=$seq OUT="$work/times-$name" \
         timeout 120 tools/device/kernel_times.sh > "$work/times-$name-$seq.txt" 2>&1
