@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fvattn/fvattn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -472,6 +473,292 @@ TEST_CASE("VSA: valid calls succeed; q2k_idx entries out of range are skipped, n
   for (int i = 0; i < Vsa::B * Vsa::H * Vsa::NQ * 64; ++i) CHECK(std::isfinite(lse[i]));
 }
 
+// ---- the whole VSA layer --------------------------------------------------------------------------
+
+namespace {
+// A valid layer problem with GQA (2 q heads on 1 kv head) and a gate. The constructor sizes the
+// buffers from a valid query and runs a valid forward, so the backward's reserve is a real one.
+struct Layer {
+  static constexpr int64_t B = 1, HQ = 2, HKV = 1, NQ = 2, NKV = 3, TOPK = 2, D = 64;
+  Handle handle;
+  fva_handle_t h;
+  fva_vsa_layer_config_t cfg = FVA_VSA_LAYER_CONFIG_INIT;
+  const fva_vsa_layer_config_t* cfg_arg = &cfg;
+  T q{FVA_DTYPE_BF16, {B, HQ, NQ * 64, D}}, k{FVA_DTYPE_BF16, {B, HKV, NKV * 64, D}},
+      v{FVA_DTYPE_BF16, {B, HKV, NKV * 64, D}}, gate{FVA_DTYPE_BF16, {B, HQ, NQ * 64, D}},
+      dout{FVA_DTYPE_BF16, {B, HQ, NQ * 64, D}};
+  T qs{FVA_DTYPE_I32, {NQ}}, kvs{FVA_DTYPE_I32, {NKV}};
+  T out{FVA_DTYPE_BF16, {B, HQ, NQ * 64, D}}, idx{FVA_DTYPE_I32, {B, HQ, NQ, TOPK}}, num{FVA_DTYPE_I32, {B, HQ, NQ}};
+  T dq{FVA_DTYPE_BF16, {B, HQ, NQ * 64, D}}, dk{FVA_DTYPE_BF16, {B, HKV, NKV * 64, D}},
+      dv{FVA_DTYPE_BF16, {B, HKV, NKV * 64, D}}, dgate{FVA_DTYPE_BF16, {B, HQ, NQ * 64, D}};
+  T reserve, ws;
+  fva_tensor_t tq, tk, tv, tgate, tdout, tqs, tkvs, tout, tidx, tnum, tdq, tdk, tdv, tdgate;
+  const fva_tensor_t *gate_arg = &tgate, *idx_arg = &tidx, *num_arg = &tnum, *dgate_arg = &tdgate;
+  size_t ws_bytes = 0, reserve_bytes = 0;
+  void *ws_arg = nullptr, *reserve_arg = nullptr;
+
+  Layer() {
+    h = handle.h;
+    cfg.topk = TOPK;
+    for (T* t : {&q, &k, &v, &gate, &dout}) t->fill_inputs();
+    auto* ps = reinterpret_cast<int32_t*>(qs.block.get());
+    ps[0] = 64, ps[1] = 30;
+    auto* pk = reinterpret_cast<int32_t*>(kvs.block.get());
+    pk[0] = 64, pk[1] = 0, pk[2] = 17;
+    tq = q.d; tk = k.d; tv = v.d; tgate = gate.d; tdout = dout.d; tqs = qs.d; tkvs = kvs.d;
+    tout = out.d; tidx = idx.d; tnum = num.d; tdq = dq.d; tdk = dk.d; tdv = dv.d; tdgate = dgate.d;
+    REQUIRE(fva_vsa_layer_sizes(h, &cfg, &tq, &tk, &tv, &ws_bytes, &reserve_bytes) == FVA_OK);
+    REQUIRE(reserve_bytes > 0);
+    reserve = T(FVA_DTYPE_I32, {static_cast<int64_t>(reserve_bytes / 4 + 16)});
+    ws = T(FVA_DTYPE_I32, {static_cast<int64_t>(ws_bytes / 4 + 16)});
+    reserve_arg = reserve.block.get();
+    ws_arg = ws.block.get();
+    REQUIRE_MESSAGE(forward() == FVA_OK, std::string(fva_last_error()));
+  }
+  fva_status_t sizes(size_t* w, size_t* r) { return fva_vsa_layer_sizes(h, cfg_arg, &tq, &tk, &tv, w, r); }
+  fva_status_t forward() {
+    return fva_vsa_layer_forward(h, cfg_arg, &tq, &tk, &tv, gate_arg, &tqs, &tkvs, &tout, idx_arg, num_arg,
+                                 reserve_arg, reserve_bytes, ws_arg, ws_bytes, nullptr);
+  }
+  fva_status_t backward() {
+    return fva_vsa_layer_backward(h, cfg_arg, &tq, &tk, &tv, gate_arg, &tqs, &tkvs, &tdout, reserve_arg,
+                                  reserve_bytes, &tdq, &tdk, &tdv, dgate_arg, ws_arg, ws_bytes, nullptr);
+  }
+  Snapshot outputs() const {
+    Snapshot s;
+    for (const T* t : {&out, &idx, &num, &dq, &dk, &dv, &dgate, &reserve}) s.add(*t);
+    return s;
+  }
+};
+
+struct LayerCase {
+  const char* name;
+  std::function<void(Layer&)> mutate;
+  std::function<fva_status_t(Layer&)> call;
+  Expect expect;
+};
+
+// q2k_idx's last extent set to `w`, its strides kept contiguous.
+void set_width(fva_tensor_t& t, int64_t w) {
+  t.shape[3] = w;
+  t.strides[2] = w;
+  t.strides[1] = t.shape[2] * w;
+  t.strides[0] = t.shape[1] * t.strides[1];
+}
+
+// The q tensors (and the q block sizes) of a layer problem cut to `nq` blocks.
+void cut_q_blocks(Layer& f, int64_t nq) {
+  for (fva_tensor_t* t : {&f.tq, &f.tgate, &f.tdout, &f.tout, &f.tdq, &f.tdgate}) t->shape[2] = 64 * nq;
+  f.tqs.shape[0] = nq;
+  f.tidx.shape[2] = f.tnum.shape[2] = nq;
+}
+}  // namespace
+
+TEST_CASE("VSA layer: valid calls succeed and overwrite every output") {
+  Layer f;  // the forward ran in the constructor
+  const auto* out = reinterpret_cast<const uint16_t*>(f.out.block.get());
+  for (size_t i = 0; i < f.out.block.bytes / 2; ++i) REQUIRE(out[i] != 0xA5A5);
+  // kv block 1 is empty: never selected; topk 2 of the two others.
+  const auto* idx = reinterpret_cast<const int32_t*>(f.idx.block.get());
+  const auto* num = reinterpret_cast<const int32_t*>(f.num.block.get());
+  for (int i = 0; i < Layer::B * Layer::HQ * Layer::NQ; ++i) {
+    CHECK(num[i] == 2);
+    CHECK(idx[2 * i] == 0);
+    CHECK(idx[2 * i + 1] == 2);
+  }
+  REQUIRE_MESSAGE(f.backward() == FVA_OK, std::string(fva_last_error()));
+  for (const T* t : {&f.dq, &f.dk, &f.dv, &f.dgate}) {
+    const auto* p = reinterpret_cast<const uint16_t*>(t->block.get());
+    for (size_t i = 0; i < t->block.bytes / 2; ++i) REQUIRE(p[i] != 0xA5A5);
+  }
+  // Without a gate, and without the lists: a forward, then its backward.
+  f.gate_arg = f.dgate_arg = nullptr;
+  f.idx_arg = f.num_arg = nullptr;
+  CHECK_MESSAGE(f.forward() == FVA_OK, std::string(fva_last_error()));
+  CHECK_MESSAGE(f.backward() == FVA_OK, std::string(fva_last_error()));
+}
+
+TEST_CASE("VSA layer: bad inputs return their status and message and write nothing") {
+  auto szs = [](Layer& f) {
+    size_t w = 777, r = 888;
+    const fva_status_t s = f.sizes(&w, &r);
+    if (s != FVA_OK) CHECK((w == 777 && r == 888));  // a failed query writes neither size
+    return s;
+  };
+  auto fwd = [](Layer& f) { return f.forward(); };
+  auto bwd = [](Layer& f) { return f.backward(); };
+  const std::vector<LayerCase> cases = {
+      {"null handle", [](Layer& f) { f.h = nullptr; }, fwd, {FVA_ERR_INVALID_ARGUMENT, "h: is NULL"}},
+      {"cfg NULL", [](Layer& f) { f.cfg_arg = nullptr; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg: is NULL but the VSA layer needs a config"}},
+      {"cfg NULL (sizes)", [](Layer& f) { f.cfg_arg = nullptr; }, szs,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg: is NULL"}},
+      {"topk left at its initializer", [](Layer& f) { f.cfg.topk = 0; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->topk is 0 but must be >= 1 (FVA_VSA_LAYER_CONFIG_INIT leaves it 0: set cfg->topk"}},
+      {"topk negative", [](Layer& f) { f.cfg.topk = -2; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->topk is -2 but must be >= 1"}},
+      {"topk 0 (sizes)", [](Layer& f) { f.cfg.topk = 0; }, szs, {FVA_ERR_INVALID_ARGUMENT, "set cfg->topk"}},
+      {"cfg struct_size", [](Layer& f) { f.cfg.struct_size = 4; }, szs,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg: struct_size is 4 but must be at least 16"}},
+      {"block size 32", [](Layer& f) { f.cfg.block_size = 32; }, fwd,
+       {FVA_ERR_UNSUPPORTED, "cfg->block_size is 32 but only 64 is supported"}},
+      {"block size 0", [](Layer& f) { f.cfg.block_size = 0; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->block_size is 0 but must be positive"}},
+      {"negative scale", [](Layer& f) { f.cfg.softmax_scale = -1.0f; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "cfg->softmax_scale is -1 but must be finite and > 0, or 0"}},
+      {"workspace_bytes NULL", [](Layer&) {}, [](Layer& f) { size_t r = 5; const auto s = f.sizes(nullptr, &r); CHECK(r == 5); return s; },
+       {FVA_ERR_INVALID_ARGUMENT, "workspace_bytes: is NULL"}},
+      {"reserve_bytes NULL", [](Layer&) {}, [](Layer& f) { size_t w = 5; const auto s = f.sizes(&w, nullptr); CHECK(w == 5); return s; },
+       {FVA_ERR_INVALID_ARGUMENT, "reserve_bytes: is NULL"}},
+      {"q length not a multiple of 64", [](Layer& f) { for (auto* t : {&f.tq, &f.tgate, &f.tout}) t->shape[2] = 100; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q: shape[2] is 100 but the VSA layer needs a multiple of 64"}},
+      {"k length not a multiple of 64", [](Layer& f) { f.tk.shape[2] = f.tv.shape[2] = 150; }, szs,
+       {FVA_ERR_INVALID_ARGUMENT, "k: shape[2] is 150 but the VSA layer needs a multiple of 64"}},
+      {"k and v lengths differ", [](Layer& f) { f.tv.shape[2] = 128; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "v: shape[2] is 128 but k.shape[2] is 192"}},
+      {"GQA heads do not divide", [](Layer& f) { f.tq.shape[1] = 3; f.tk.shape[1] = f.tv.shape[1] = 2; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "k: shape[1] is 2 but must divide q.shape[1] = 3"}},
+      {"head dim 32", [](Layer& f) { for (auto* t : {&f.tq, &f.tk, &f.tv}) t->shape[3] = 32; }, fwd,
+       {FVA_ERR_UNSUPPORTED, "the VSA layer needs D = 64 or 128"}},
+      {"q float32", [](Layer& f) { f.tq.dtype = FVA_DTYPE_F32; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q: dtype is F32 (3) but must be BF16 or F16"}},
+      {"gate wrong dtype", [](Layer& f) { f.tgate.dtype = FVA_DTYPE_F16; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "gate: dtype is F16 but q.dtype is BF16"}},
+      {"gate wrong shape", [](Layer& f) { f.tgate.shape[2] = 64; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "gate: shape[2] is 64 but q.shape[2] is 128"}},
+      {"q_block_sizes wrong length", [](Layer& f) { f.tqs.shape[0] = 3; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q_block_sizes: shape[0] is 3 but must be 2 (num_q_blocks = q.shape[2] / 64)"}},
+      {"kv_block_sizes wrong length", [](Layer& f) { f.tkvs.shape[0] = 2; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "kv_block_sizes: shape[0] is 2 but must be 3 (num_kv_blocks = k.shape[2] / 64)"}},
+      {"kv_block_sizes int64", [](Layer& f) { f.tkvs.dtype = FVA_DTYPE_I64; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "kv_block_sizes: dtype is I64 (5) but must be I32"}},
+      {"q_block_sizes NULL", [](Layer& f) { f.tqs.data = nullptr; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q_block_sizes: data is NULL"}},
+      {"q2k_idx without q2k_num", [](Layer& f) { f.num_arg = nullptr; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_num: is NULL but q2k_idx is given"}},
+      {"q2k_num without q2k_idx", [](Layer& f) { f.idx_arg = nullptr; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_idx: is NULL but q2k_num is given"}},
+      {"q2k_idx wider than topk", [](Layer& f) { set_width(f.tidx, 3); }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_idx: shape[3] is 3 but must be 2 (min(cfg->topk, num_kv_blocks))"}},
+      {"q2k_idx as wide as a topk above nkv", [](Layer& f) { f.cfg.topk = 10; set_width(f.tidx, 10); }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_idx: shape[3] is 10 but must be 3 (min(cfg->topk, num_kv_blocks))"}},
+      {"q2k_num wrong shape", [](Layer& f) { f.tnum.shape[2] = 1; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_num: shape[2] is 1 but q2k_idx.shape[2] is 2"}},
+      {"q2k_idx float", [](Layer& f) { f.tidx.dtype = FVA_DTYPE_F32; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_idx: dtype is F32 (3) but must be I32"}},
+      {"out wrong dtype", [](Layer& f) { f.tout.dtype = FVA_DTYPE_F16; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "out: dtype is F16 but q.dtype is BF16"}},
+      {"out aliases q", [](Layer& f) { f.tout.data = f.tq.data; }, fwd, {FVA_ERR_INVALID_ARGUMENT, "out: overlaps q"}},
+      {"out in the reserve", [](Layer& f) { f.tout.data = f.reserve_arg; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "out: overlaps reserve"}},
+      {"q2k_num in the reserve", [](Layer& f) { f.tnum.data = static_cast<char*>(f.reserve_arg) + 64; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "q2k_num: overlaps reserve"}},
+      {"reserve over the gate", [](Layer& f) { f.reserve_arg = f.tgate.data; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: overlaps gate"}},
+      {"reserve NULL", [](Layer& f) { f.reserve_arg = nullptr; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: is NULL but the VSA layer needs"}},
+      {"reserve NULL (backward)", [](Layer& f) { f.reserve_arg = nullptr; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: is NULL"}},
+      {"reserve too small", [](Layer& f) { f.reserve_bytes -= 1; }, fwd,
+       {FVA_ERR_WORKSPACE_TOO_SMALL, "bytes of reserve (see fva_vsa_layer_sizes)"}},
+      {"reserve too small (backward)", [](Layer& f) { f.reserve_bytes /= 2; }, bwd,
+       {FVA_ERR_WORKSPACE_TOO_SMALL, "reserve_bytes is"}},
+      {"reserve misaligned", [](Layer& f) { f.reserve_arg = static_cast<char*>(f.reserve_arg) + 8; }, fwd,
+       {FVA_ERR_INVALID_ARGUMENT, "is not 16-byte aligned"}},
+      {"workspace too small", [](Layer& f) { f.ws_bytes -= 1; }, bwd,
+       {FVA_ERR_WORKSPACE_TOO_SMALL, "(see fva_vsa_layer_sizes)"}},
+      {"workspace NULL", [](Layer& f) { f.ws_arg = nullptr; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "ws: is NULL but this call needs"}},
+      {"dgate without gate", [](Layer& f) { f.gate_arg = nullptr; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dgate: is given but gate is NULL"}},
+      {"gate without dgate", [](Layer& f) { f.dgate_arg = nullptr; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dgate: is NULL but gate is given"}},
+      {"dgate wrong shape", [](Layer& f) { f.tdgate.shape[1] = 1; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dgate: shape[1] is 1 but q.shape[1] is 2"}},
+      {"dq wrong shape", [](Layer& f) { f.tdq.shape[2] = 64; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dq: shape[2] is 64 but q.shape[2] is 128"}},
+      {"dk wrong dtype", [](Layer& f) { f.tdk.dtype = FVA_DTYPE_F16; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dk: dtype is F16 but k.dtype is BF16"}},
+      {"dv wrong heads", [](Layer& f) { f.tdv.shape[1] = 2; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dv: shape[1] is 2 but v.shape[1] is 1"}},
+      {"dout wrong dtype", [](Layer& f) { f.tdout.dtype = FVA_DTYPE_F16; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dout: dtype is F16 but q.dtype is BF16"}},
+      {"dgate aliases dq", [](Layer& f) { f.tdgate.data = f.tdq.data; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dq: overlaps dgate"}},
+      {"dq in the reserve", [](Layer& f) { f.tdq.data = f.reserve_arg; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "dq: overlaps reserve"}},
+      // The reserve's record: the CPU backward refuses a reserve of another forward.
+      {"reserve overwritten", [](Layer& f) { std::memset(f.reserve.block.get(), kPoison, 64); }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: holds no record of fva_vsa_layer_forward"}},
+      {"reserve of another topk", [](Layer& f) { f.cfg.topk = 1; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: was written by a forward with topk (at most num_kv_blocks) = 2 but this call has topk (at most num_kv_blocks) = 1"}},
+      {"reserve of another shape", [](Layer& f) { cut_q_blocks(f, 1); }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: was written by a forward with num_q_blocks = 2 but this call has num_q_blocks = 1"}},
+      {"reserve of another scale", [](Layer& f) { f.cfg.softmax_scale = 0.5f; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: was written by a forward with softmax scale 0.125 but this call's is 0.5"}},
+      {"reserve of another dtype", [](Layer& f) {
+         for (auto* t : {&f.tq, &f.tk, &f.tv, &f.tgate, &f.tdout, &f.tdq, &f.tdk, &f.tdv, &f.tdgate}) t->dtype = FVA_DTYPE_F16;
+       }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: was written by a forward with dtype = 1 but this call has dtype = 2"}},
+      {"gate given to the forward, not the backward", [](Layer& f) { f.gate_arg = f.dgate_arg = nullptr; }, bwd,
+       {FVA_ERR_INVALID_ARGUMENT, "reserve: was written by a forward with a gate but this call passes gate = NULL"}},
+  };
+  for (const LayerCase& c : cases) {
+    SUBCASE(c.name) {
+      Layer f;
+      c.mutate(f);
+      const Snapshot before = f.outputs();
+      check_failure(c.call(f), c.expect, before);
+    }
+  }
+}
+
+TEST_CASE("VSA layer: a reserve written without a gate is refused by a backward given one") {
+  Layer f;
+  f.gate_arg = nullptr;
+  REQUIRE_MESSAGE(f.forward() == FVA_OK, std::string(fva_last_error()));
+  f.gate_arg = &f.tgate;
+  const Snapshot before = f.outputs();
+  check_failure(f.backward(), {FVA_ERR_INVALID_ARGUMENT, "reserve: was written by a forward without a gate but this call passes one"},
+                before);
+}
+
+TEST_CASE("fva_vsa_tile_plan: bad inputs are refused and nothing is written") {
+  struct PlanCase {
+    const char* name;
+    int64_t dims[3];
+    int32_t tile[3];
+    bool null_dims, null_tile;
+    const char* message;
+  };
+  const std::vector<PlanCase> cases = {
+      {"dims NULL", {5, 7, 9}, {4, 4, 4}, true, false, "dims: is NULL"},
+      {"tile NULL", {5, 7, 9}, {4, 4, 4}, false, true, "tile: is NULL"},
+      {"empty axis", {5, 0, 9}, {4, 4, 4}, false, false, "dims[1] (H) is 0 but must be >= 1"},
+      {"negative axis", {-3, 7, 9}, {4, 4, 4}, false, false, "dims[0] (T) is -3 but must be >= 1"},
+      {"zero tile", {5, 7, 9}, {4, 4, 0}, false, false, "tile[2] is 0 but must be >= 1"},
+      {"negative tile", {5, 7, 9}, {-4, 4, 4}, false, false, "tile[0] is -4 but must be >= 1"},
+      {"too many tokens", {int64_t{1} << 20, int64_t{1} << 20, int64_t{1} << 20}, {4, 4, 4}, false, false,
+       "has more than 2^56 tokens"},
+      {"tile too large for int32 sizes", {5, 7, 9}, {2048, 2048, 2048}, false, false, "has more than 2^31 - 1 tokens"},
+  };
+  for (const PlanCase& c : cases) {
+    SUBCASE(c.name) {
+      std::vector<int64_t> slot(5 * 7 * 9, -9);
+      std::vector<int32_t> sizes(64, -9);
+      int64_t nb = -9;
+      const fva_status_t st = fva_vsa_tile_plan(c.null_dims ? nullptr : c.dims, c.null_tile ? nullptr : c.tile,
+                                                slot.data(), sizes.data(), &nb);
+      CHECK(st == FVA_ERR_INVALID_ARGUMENT);
+      const std::string msg = fva_last_error();
+      CHECK_MESSAGE(msg.find(c.message) != std::string::npos, "message \"" << msg << "\" lacks \"" << c.message << "\"");
+      CHECK(nb == -9);
+      CHECK(std::all_of(slot.begin(), slot.end(), [](int64_t x) { return x == -9; }));
+      CHECK(std::all_of(sizes.begin(), sizes.end(), [](int32_t x) { return x == -9; }));
+    }
+  }
+}
+
 // ---- NVFP4 ----------------------------------------------------------------------------------------
 
 TEST_CASE("NVFP4 fake quantization: checks, and in place is allowed") {
@@ -789,6 +1076,8 @@ TEST_CASE("ABI: struct layouts and constants are the published ones") {
   CHECK(offsetof(fva_qat_config_t, softmax_scale) == 4);
   CHECK(offsetof(fva_qat_config_t, quantized_qkv_backward) == 36);
   CHECK(sizeof(fva_vsa_config_t) == 12);
+  CHECK(sizeof(fva_vsa_layer_config_t) == 16);
+  CHECK(offsetof(fva_vsa_layer_config_t, topk) == 12);
   CHECK(sizeof(fva_nvfp4_config_t) == 12);
   // fva_handle_info_t: 296 bytes in ABI 1, then the resolved options appended.
   CHECK(offsetof(fva_handle_info_t, deterministic) == 4 * 6 + 16 + 256);

@@ -388,6 +388,92 @@ FVA_API fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* 
                                             const fva_tensor_t* k2q_num, void* ws,
                                             size_t ws_bytes, void* stream);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* The whole VSA layer (FastVideo's video_sparse_attn)                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* What a VSA model calls (docs/SPEC.md section 3b): block means of q, k and v over every 64-token
+ * block, a coarse attention over the blocks, the topk kv blocks of highest coarse score per q block,
+ * the fine block-sparse attention (fva_vsa_forward) over them, and the coarse output added to every
+ * token of its block, gated or not:  out = out_c[block] * gate + out_s  (without gate: out_c + out_s).
+ * FastVideo: video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes, topk,
+ * block_size, compress_attn_weight) with gate = compress_attn_weight. */
+typedef struct fva_vsa_layer_config {
+  uint32_t struct_size; /* sizeof(fva_vsa_layer_config_t) */
+  float softmax_scale;  /* > 0, or 0 for 1/sqrt(D); the coarse and the fine attention's scale */
+  int32_t block_size;   /* tokens per block; 64 is the only supported value */
+  int32_t topk;         /* kv blocks each q block attends, >= 1; more than num_kv_blocks means all */
+} fva_vsa_layer_config_t;
+
+/* topk 0: the caller must set it (a config left at its initializer is refused). */
+#define FVA_VSA_LAYER_CONFIG_INIT {(uint32_t)sizeof(fva_vsa_layer_config_t), 0.0f, 64, 0}
+
+/* Tensors of the VSA layer (attention tensors bf16 or f16, one dtype for all; metadata int32):
+ *   q [B, Hq, Sq, D] with Sq = 64 * num_q_blocks;  k, v [B, Hkv, Skv, D] with Skv = 64 *
+ *   num_kv_blocks;  Hq a multiple of Hkv; D in {64, 128};  gate, out, dout, dq, dgate like q;
+ *   dk, dv like k;
+ *   q_block_sizes int32 [num_q_blocks], kv_block_sizes int32 [num_kv_blocks]: real tokens of each
+ *     block, which fill its first slots (clamped to [0, 64]); the block means read the real slots
+ *     only, the fine branch masks the padding keys as fva_vsa_forward does, and the padding rows of
+ *     out are computed like any other (fva_vsa_tile_plan says where the padding lies);
+ *   q2k_idx int32 [B, Hq, num_q_blocks, min(topk, num_kv_blocks)], q2k_num int32 [B, Hq,
+ *     num_q_blocks]: the selected kv blocks of each q block, ascending (outputs, optional); q2k_num
+ *     is min(topk, the kv blocks of nonzero size) and the entries past it are -1.
+ * A block of size 0 has mean 0 and no kv block of size 0 takes part in the coarse attention or is
+ * selected (where FastVideo computes NaN). Statuses as for QAT. cfg is required (its topk has no
+ * default). The reserve is caller memory like the workspace (16-byte aligned, device memory for a
+ * CUDA handle); a reserve_bytes below what fva_vsa_layer_sizes said is FVA_ERR_WORKSPACE_TOO_SMALL. */
+
+/* Bytes of workspace and of reserve (what the forward leaves for the backward: the coarse
+ * attention's means and weights, the selected lists, the fine branch's output and lse) that
+ * fva_vsa_layer_forward and fva_vsa_layer_backward need for these shapes on this handle. The
+ * reserve is opaque, its size independent of whether a gate is given; the workspace of both calls
+ * is the larger of the two (one query, one buffer). */
+FVA_API fva_status_t fva_vsa_layer_sizes(fva_handle_t h, const fva_vsa_layer_config_t* cfg,
+                                         const fva_tensor_t* q, const fva_tensor_t* k,
+                                         const fva_tensor_t* v, size_t* workspace_bytes,
+                                         size_t* reserve_bytes);
+/* Forward: writes out, the reserve (reserve_bytes at least what fva_vsa_layer_sizes said; keep it
+ * unchanged for the backward) and, when given, q2k_idx and q2k_num. gate may be NULL (no gate);
+ * q2k_idx and q2k_num are both given or both NULL. */
+FVA_API fva_status_t fva_vsa_layer_forward(fva_handle_t h, const fva_vsa_layer_config_t* cfg,
+                                           const fva_tensor_t* q, const fva_tensor_t* k,
+                                           const fva_tensor_t* v, const fva_tensor_t* gate,
+                                           const fva_tensor_t* q_block_sizes,
+                                           const fva_tensor_t* kv_block_sizes,
+                                           const fva_tensor_t* out, const fva_tensor_t* q2k_idx,
+                                           const fva_tensor_t* q2k_num, void* reserve,
+                                           size_t reserve_bytes, void* ws, size_t ws_bytes,
+                                           void* stream);
+/* Backward: the forward's q, k, v, gate, block sizes, config and reserve, and dout; writes dq, dk,
+ * dv and (exactly when gate is given) dgate. The selection is not differentiated (SPEC 3b). A
+ * reserve written for other shapes, another config or without the gate given here is refused with
+ * FVA_ERR_INVALID_ARGUMENT where the backend can tell without synchronizing: the CPU backend always;
+ * the CUDA backend checks the reserve's size on the host, and its kernels check the reserve's record
+ * of the forward's shapes and gate and leave every output untouched when it disagrees. */
+FVA_API fva_status_t fva_vsa_layer_backward(fva_handle_t h, const fva_vsa_layer_config_t* cfg,
+                                            const fva_tensor_t* q, const fva_tensor_t* k,
+                                            const fva_tensor_t* v, const fva_tensor_t* gate,
+                                            const fva_tensor_t* q_block_sizes,
+                                            const fva_tensor_t* kv_block_sizes,
+                                            const fva_tensor_t* dout, const void* reserve,
+                                            size_t reserve_bytes, const fva_tensor_t* dq,
+                                            const fva_tensor_t* dk, const fva_tensor_t* dv,
+                                            const fva_tensor_t* dgate, void* ws, size_t ws_bytes,
+                                            void* stream);
+
+/* Where the tokens of a (T, H, W) video grid go in FastVideo's tiled sequence (host only, no
+ * handle): the grid is cut into tiles of tile[0] x tile[1] x tile[2] tokens ((4, 4, 4): 64-token
+ * blocks), tiles in (t, h, w) order, each tile's tokens in (t, h, w) order in the first slots of its
+ * block of tile[0] * tile[1] * tile[2] slots; tiles at the grid's far edges hold fewer real tokens
+ * and the rest of their block is padding. Writes, each when not NULL: slot_of_token[T * H * W] (the
+ * slot of token (t, h, w) at index (t * H + h) * W + w), block_sizes[*num_blocks] (real tokens per
+ * block), *num_blocks. A first call with slot_of_token and block_sizes NULL asks the block count.
+ * dims >= 1 each, tile >= 1 each. Returns FVA_OK or FVA_ERR_INVALID_ARGUMENT. */
+FVA_API fva_status_t fva_vsa_tile_plan(const int64_t dims[3], const int32_t tile[3],
+                                       int64_t* slot_of_token, int32_t* block_sizes,
+                                       int64_t* num_blocks);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

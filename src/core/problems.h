@@ -33,6 +33,14 @@ struct VsaProblem {
 };
 constexpr int64_t kVsaBlock = 64;
 
+// The whole VSA layer (SPEC section 3b): the fine branch's problem with max_k = topk (the
+// effective count: at most num_kv_blocks), and whether a gate multiplies the coarse output.
+struct VsaLayerProblem {
+  VsaProblem fine;
+  int64_t topk = 0;  // min(cfg->topk, num_kv_blocks), equal to fine.max_k
+  bool gate = false;
+};
+
 // Inversion of VSA's q2k lists (H = the heads of q2k_idx).
 struct VsaIndexProblem {
   int64_t B = 0, H = 0, num_q_blocks = 0, num_kv_blocks = 0, max_k = 0;

@@ -43,6 +43,26 @@ void vsa_backward(const VsaProblem& p, const AttnView& q, const AttnView& k, con
                   const AttnView& dq, const AttnView& dk, const AttnView& dv, void* ws,
                   int threads);
 
+// The whole VSA layer (SPEC section 3b). The reserve is host memory laid out as
+// vsa_layer_reserve.h says; its bytes and the workspace both calls need come from the problem alone
+// (p.gate is not read).
+size_t vsa_layer_reserve_bytes(const VsaLayerProblem& p);
+size_t vsa_layer_workspace(const VsaLayerProblem& p);
+// Throws fva::Failure (FVA_ERR_INVALID_ARGUMENT, naming the mismatch) unless `reserve` holds the
+// record of a forward of exactly p (shapes, dtype, scale, topk, gate). Reads the record only.
+void check_vsa_layer_reserve(const VsaLayerProblem& p, const void* reserve);
+// gate null: no gate. q2k_idx and q2k_num null: the selection is not copied out.
+void vsa_layer_forward(const VsaLayerProblem& p, const AttnView& q, const AttnView& k,
+                       const AttnView& v, const AttnView* gate, const I32View& q_block_sizes,
+                       const I32View& kv_block_sizes, const AttnView& out, const I32View* q2k_idx,
+                       const I32View* q2k_num, void* reserve, void* ws, int threads);
+// gate and dgate both null or both set; the reserve has passed check_vsa_layer_reserve.
+void vsa_layer_backward(const VsaLayerProblem& p, const AttnView& q, const AttnView& k,
+                        const AttnView& v, const AttnView* gate, const I32View& q_block_sizes,
+                        const I32View& kv_block_sizes, const AttnView& dout, const void* reserve,
+                        const AttnView& dq, const AttnView& dk, const AttnView& dv,
+                        const AttnView* dgate, void* ws, int threads);
+
 // Inversion of the q2k lists.
 size_t vsa_invert_indices_workspace(const VsaIndexProblem& p);
 void vsa_invert_indices(const VsaIndexProblem& p, const I32View& q2k_idx, const I32View& q2k_num,

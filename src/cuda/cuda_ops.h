@@ -63,4 +63,26 @@ void vsa_invert_indices(const fva_handle& h, const VsaIndexProblem& p,
                         const fva_tensor_t& k2q_idx, const fva_tensor_t& k2q_num, void* ws,
                         void* stream);
 
+// The whole VSA layer (SPEC section 3b; vsa_layer_ops.cpp). Its sizes are those of its plan: the
+// workspace both calls need (one query, one buffer) and the reserve the forward fills for the
+// backward, from the handle and the shapes alone (not the gate).
+struct VsaLayerSizes {
+  size_t workspace = 0, reserve = 0;
+};
+void require_vsa_layer_support(const VsaLayerProblem& p, int32_t dtype);
+VsaLayerSizes vsa_layer_sizes(const fva_handle& h, const VsaLayerProblem& p);
+// gate null: no gate; q2k_idx and q2k_num null: the selection is not copied out.
+void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_tensor_t& q,
+                       const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t* gate,
+                       const fva_tensor_t& q_block_sizes, const fva_tensor_t& kv_block_sizes,
+                       const fva_tensor_t& out, const fva_tensor_t* q2k_idx,
+                       const fva_tensor_t* q2k_num, void* reserve, void* ws, void* stream);
+// gate and dgate both null or both set.
+void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva_tensor_t& q,
+                        const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t* gate,
+                        const fva_tensor_t& q_block_sizes, const fva_tensor_t& kv_block_sizes,
+                        const fva_tensor_t& dout, const void* reserve, const fva_tensor_t& dq,
+                        const fva_tensor_t& dk, const fva_tensor_t& dv, const fva_tensor_t* dgate,
+                        void* ws, void* stream);
+
 }  // namespace fva::cuda

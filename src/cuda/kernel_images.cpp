@@ -19,6 +19,7 @@ namespace images {
 FVA_KERNEL_FAMILY(qat)
 FVA_KERNEL_FAMILY(vsa)
 FVA_KERNEL_FAMILY(prep)
+FVA_KERNEL_FAMILY(layer)
 FVA_KERNEL_FAMILY(sm90)  // SASS for sm_90a only, no PTX
 }  // namespace images
 #undef FVA_KERNEL_FAMILY
@@ -36,6 +37,7 @@ bool family_images(const std::string& name, Family* f) {
   if (name == "qat") *f = {images::qat_sass, images::qat_ptx};
   else if (name == "vsa") *f = {images::vsa_sass, images::vsa_ptx};
   else if (name == "prep") *f = {images::prep_sass, images::prep_ptx};
+  else if (name == "layer") *f = {images::layer_sass, images::layer_ptx};
   else if (name == "sm90") *f = {images::sm90_sass, images::sm90_ptx};
   else return false;
   return true;

@@ -1,6 +1,6 @@
 // The kernel images embedded in libfvattn.so and the kernels in them, loaded lazily through the
-// driver: one fatbin per family (qat, vsa, prep) with SASS for sm_90a, sm_100a and sm_120, plus a
-// PTX (compute_120) fatbin per family for newer devices.
+// driver: one fatbin per family (qat, vsa, prep, layer) with SASS for sm_90a, sm_100a and sm_120,
+// plus a PTX (compute_120) fatbin per family for newer devices.
 #pragma once
 
 #include <cstddef>

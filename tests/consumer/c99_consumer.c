@@ -1,8 +1,8 @@
 /* A C99 client of the installed fvattn: compiled with -std=c99 -Wall -Wextra -Werror -pedantic
  * against the installed header and library. It checks that the header is plain C, that the *_INIT
- * initializers work, and that small QAT forward/backward, VSA forward/backward, index inversion and
- * NVFP4 calls run on the CPU backend and report errors. valgrind runs it too (valgrind_consumer.sh),
- * so it touches every kind of entry point once. */
+ * initializers work, and that small QAT forward/backward, VSA forward/backward, index inversion,
+ * VSA layer forward/backward, tile plan and NVFP4 calls run on the CPU backend and report errors.
+ * valgrind runs it too (valgrind_consumer.sh), so it touches every kind of entry point once. */
 #include <fvattn/fvattn.h>
 
 #include <math.h>
@@ -173,6 +173,71 @@ static int vsa_calls(fva_handle_t h) {
   return bad;
 }
 
+/* The whole VSA layer, forward and backward, over a (4, 4, 7) video grid: fva_vsa_tile_plan cuts it
+ * into two 64-slot blocks of 64 and 48 real tokens, which serve as q and kv block sizes; one head,
+ * D = 64, topk 1, with a gate. */
+static int vsa_layer_calls(fva_handle_t h) {
+  enum { LS = 128, LD = 64, NB = 2 };
+  const size_t n = (size_t)LS * LD;
+  const int64_t dims[3] = {4, 4, 7}, sizes_shape[1] = {NB}, idx_shape[4] = {1, 1, NB, 1},
+                num_shape[3] = {1, 1, NB};
+  const int32_t tile[3] = {4, 4, 4};
+  int64_t slot[4 * 4 * 7], nb = 0;
+  fva_vsa_layer_config_t lcfg = FVA_VSA_LAYER_CONFIG_INIT;
+  fva_tensor_t t[10], ts, ti, tn;
+  size_t ws_bytes = 0, reserve_bytes = 0, i;
+  void *ws, *reserve;
+  int j, bad = 0;
+  lcfg.topk = 1;
+  for (j = 0; j < 10; ++j) {
+    uint16_t* p = (uint16_t*)block(n * 2, 0xff);
+    memset(&t[j], 0, sizeof t[j]);
+    t[j].data = p;
+    t[j].dtype = FVA_DTYPE_BF16;
+    t[j].rank = 4;
+    t[j].shape[0] = 1; t[j].shape[1] = 1; t[j].shape[2] = LS; t[j].shape[3] = LD;
+    t[j].strides[0] = LS * LD; t[j].strides[1] = LS * LD; t[j].strides[2] = LD; t[j].strides[3] = 1;
+    if (j < 5) /* q, k, v, gate, dout */
+      for (i = 0; i < n; ++i) p[i] = bf16_bits((float)((i * (3 + j)) % 11) / 8.0f - 0.625f);
+  }
+  ts = i32_tensor(block(NB * 4, 0), 1, sizes_shape);
+  ti = i32_tensor(block(NB * 4, 0xff), 4, idx_shape);
+  tn = i32_tensor(block(NB * 4, 0xff), 3, num_shape);
+  if (fva_vsa_tile_plan(dims, tile, slot, (int32_t*)ts.data, &nb) != FVA_OK || nb != NB ||
+      ((int32_t*)ts.data)[0] != 64 || ((int32_t*)ts.data)[1] != 48 || slot[4] != 64) {
+    fprintf(stderr, "vsa tile plan: %s\n", fva_last_error());
+    free_blocks();
+    return 1;
+  }
+  if (fva_vsa_layer_sizes(h, &lcfg, &t[0], &t[1], &t[2], &ws_bytes, &reserve_bytes) != FVA_OK) {
+    fprintf(stderr, "vsa layer sizes: %s\n", fva_last_error());
+    free_blocks();
+    return 1;
+  }
+  ws = ws_bytes ? block(ws_bytes, 0) : NULL;
+  reserve = block(reserve_bytes, 0);
+  /* t: q k v gate dout out dq dk dv dgate */
+  if (fva_vsa_layer_forward(h, &lcfg, &t[0], &t[1], &t[2], &t[3], &ts, &ts, &t[5], &ti, &tn, reserve,
+                            reserve_bytes, ws, ws_bytes, NULL) != FVA_OK ||
+      fva_vsa_layer_backward(h, &lcfg, &t[0], &t[1], &t[2], &t[3], &ts, &ts, &t[4], reserve,
+                             reserve_bytes, &t[6], &t[7], &t[8], &t[9], ws, ws_bytes, NULL) != FVA_OK) {
+    fprintf(stderr, "vsa layer: %s\n", fva_last_error());
+    bad = 1;
+  }
+  for (i = 0; i < n && !bad; ++i)
+    for (j = 5; j < 10; ++j)
+      if (!isfinite(bf16_value(((uint16_t*)t[j].data)[i]))) bad = 1;
+  if (!bad && (((int32_t*)tn.data)[0] != 1 || ((int32_t*)tn.data)[1] != 1)) bad = 1;
+  /* The gate is given to the forward: a backward without it is refused. */
+  if (!bad && fva_vsa_layer_backward(h, &lcfg, &t[0], &t[1], &t[2], NULL, &ts, &ts, &t[4], reserve,
+                                     reserve_bytes, &t[6], &t[7], &t[8], NULL, ws, ws_bytes,
+                                     NULL) != FVA_ERR_INVALID_ARGUMENT)
+    bad = 1;
+  free_blocks();
+  if (bad) fprintf(stderr, "vsa layer: failed or wrong results\n");
+  return bad;
+}
+
 int main(void) {
   fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
   fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
@@ -247,6 +312,7 @@ int main(void) {
 
   failures += qat_backward(h, &cfg, &tq, &tk, &tv, &to_hp, &tlse);
   failures += vsa_calls(h);
+  failures += vsa_layer_calls(h);
   /* NVFP4 fake quantization in place. */
   EXPECT(fva_nvfp4_fake_quantize(h, NULL, &tq, &tq, NULL) == FVA_OK);
 

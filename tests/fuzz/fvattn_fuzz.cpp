@@ -1,4 +1,4 @@
-// libFuzzer target over every entry point of the public API (issue 6): it builds descriptors and
+// libFuzzer target over every entry point of the public API: it builds descriptors and
 // configs from the input (a valid small problem, then up to eight mutations: ranks, dtypes, shapes
 // and strides near the 64-bit limits, NULL and odd pointers, aliasing, config fields, workspace
 // pointers and sizes), runs the call on the CPU backend over real, exactly sized buffers
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,9 @@ struct Call {
   int ws_size = 0;           // 0 the queried size, 1 one byte less, 2 zero, 3 SIZE_MAX, 4 more,
                              // 5 half
   size_t budget_null = 0;    // the argument passed as NULL when the work is over budget
+  int reserve_arg = -1;      // the VSA layer's reserve: an I32 [bytes / 4] argument passed as void*
+  int reserve_size = 0;      // its reserve_bytes: 0 all its arena holds from its pointer, 1 one byte
+                             // less, 2 half, 3 zero (never more: the caller's word is the bound)
   Dims dims;
 
   void add(const char* name, const fva_tensor_t& t, Fill fill) {
@@ -353,8 +357,12 @@ struct ConfigMemory {
   ~ConfigMemory() { std::free(p); }
 };
 
+// What an operation does to its arenas before the call under test (the VSA layer's backward: a
+// forward fills the reserve); part of the arrangement, so before the snapshot.
+using PrepareFn = std::function<void(const Call&)>;
+
 void run(const char* op, Call& c, ByteReader& in, const WorkFn& work, const QueryFn& query,
-         const CallFn& call) {
+         const CallFn& call, const PrepareFn& prepare = PrepareFn{}) {
   mutate(c, in);
   bool budget_nulled = false;
   if (work(c) > kWorkBudget) {
@@ -364,6 +372,7 @@ void run(const char* op, Call& c, ByteReader& in, const WorkFn& work, const Quer
   Arenas arenas;
   arenas.place(c.args);
   fill_arenas(c, arenas, in);
+  if (prepare) prepare(c);
   const auto before = arenas.snapshot();
   const ConfigMemory cfg(c);
   fva_handle_t h = c.handle_null ? nullptr : g_cpu;
@@ -576,6 +585,173 @@ void invert(ByteReader& in) {
       });
 }
 
+// The reserve of a VSA layer call: its pointer (NULL for a NULL descriptor) and the bytes the
+// caller claims, at most what its arena holds from that pointer.
+void* reserve_ptr(const Call& c) {
+  const Arg& a = c.args[static_cast<size_t>(c.reserve_arg)];
+  return a.pass_null ? nullptr : a.desc.data;
+}
+size_t reserve_bytes(const Call& c) {
+  const Arg& a = c.args[static_cast<size_t>(c.reserve_arg)];
+  const std::optional<uint64_t> e = addressed_bytes(a.desc);
+  const size_t have = a.ptr == PtrKind::kArena && e ? static_cast<size_t>(*e) : 0;
+  switch (c.reserve_size) {
+    case 1: return have ? have - 1 : 0;
+    case 2: return have / 2;
+    case 3: return 0;
+    default: return have;
+  }
+}
+
+// The sizes of a valid layer problem (a query reads no tensor memory: the data pointers only have
+// to pass the checks).
+bool layer_sizes(const fva_vsa_layer_config_t& cfg, const Dims& d, size_t* ws, size_t* reserve) {
+  fva_tensor_t q = attn(d, d.Hq, d.Sq), k = attn(d, d.Hkv, d.Skv);
+  q.data = k.data = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  return fva_vsa_layer_sizes(g_cpu, &cfg, &q, &k, &k, ws, reserve) == FVA_OK;
+}
+
+// The whole VSA layer. Arguments: q, k, v, gate, q_block_sizes, kv_block_sizes, then forward: out,
+// q2k_idx, q2k_num, reserve; backward: dout, reserve, dq, dk, dv, dgate. The backward's reserve is
+// filled by a forward over the same arenas first (or by one with the gate or topk changed, or not
+// at all), so the backward meets real records, mismatched ones and garbage.
+void layer(ByteReader& in, bool backward) {
+  Call c;
+  Dims& d = c.dims;
+  d = read_layout(in);
+  d.D = in.pick<int64_t>({64, 128});
+  const int64_t nqb = 1 + in.u8() % 2;
+  d.num_kv_blocks = 1 + in.u8() % 3;
+  d.Sq = 64 * nqb;
+  d.Skv = 64 * d.num_kv_blocks;
+  fva_vsa_layer_config_t cfg = FVA_VSA_LAYER_CONFIG_INIT;
+  cfg.topk = in.pick<int32_t>({1, 2, 3, 5});
+  cfg.softmax_scale = in.pick<float>({0.0f, 0.125f, 1.0f});
+  d.max_k = std::min<int64_t>(cfg.topk, d.num_kv_blocks);
+  const uint8_t flags = in.u8();
+  const bool gate = (flags & 1) == 0;
+  c.reserve_size = (flags >> 1) % 4;
+  const int prepare_mode = (flags >> 3) % 4;  // backward: 0 same forward, 1 none, 2 gate, 3 topk
+  size_t ws_need = 0, reserve_need = 0;
+  if (!layer_sizes(cfg, d, &ws_need, &reserve_need)) finding("fva_vsa_layer_sizes refused a valid problem");
+  c.set_config(cfg);
+  c.add("q", attn(d, d.Hq, d.Sq), Fill::kAttnIn);
+  c.add("k", attn(d, d.Hkv, d.Skv), Fill::kAttnIn);
+  c.add("v", attn(d, d.Hkv, d.Skv), Fill::kAttnIn);
+  c.add("gate", attn(d, d.Hq, d.Sq), Fill::kAttnIn);
+  c.args.back().pass_null = !gate;
+  c.add("q_block_sizes", contiguous(FVA_DTYPE_I32, {nqb}), Fill::kBlockSizes);
+  c.add("kv_block_sizes", contiguous(FVA_DTYPE_I32, {d.num_kv_blocks}), Fill::kBlockSizes);
+  const fva_tensor_t reserve = contiguous(FVA_DTYPE_I32, {static_cast<int64_t>(reserve_need / 4)});
+  // The fine branch's work (as vsa()'s) plus the coarse attention's few products.
+  auto work = [](double per_entry) {
+    return [per_entry](const Call& c) {
+      return per_entry * extent_product(c.args[0].desc, 4) * 64 *
+                 static_cast<double>(std::max<int64_t>(c.dims.max_k, 1)) +
+             4 * extent_product(c.args[0].desc, 4) * static_cast<double>(std::max<int64_t>(c.args[1].desc.shape[2], 1)) / 64;
+    };
+  };
+  const QueryFn query = [](fva_handle_t h, const void* p, const Call& c, size_t* b) {
+    size_t reserve = 0;
+    return fva_vsa_layer_sizes(h, static_cast<const fva_vsa_layer_config_t*>(p), T(c, 0), T(c, 1), T(c, 2), b,
+                               &reserve);
+  };
+  if (!backward) {
+    c.add("out", attn(d, d.Hq, d.Sq), Fill::kOutput);
+    c.add("q2k_idx", contiguous(FVA_DTYPE_I32, {d.B, d.Hq, nqb, d.max_k}), Fill::kOutput);
+    c.add("q2k_num", contiguous(FVA_DTYPE_I32, {d.B, d.Hq, nqb}), Fill::kOutput);
+    c.add("reserve", reserve, Fill::kOutput);
+    c.reserve_arg = 9;
+    c.budget_null = 6;
+    run("fva_vsa_layer_forward", c, in, work(3), query,
+        [](fva_handle_t h, const void* p, const Call& c, void* ws, size_t wsb) {
+          return fva_vsa_layer_forward(h, static_cast<const fva_vsa_layer_config_t*>(p), T(c, 0), T(c, 1),
+                                       T(c, 2), T(c, 3), T(c, 4), T(c, 5), T(c, 6), T(c, 7), T(c, 8),
+                                       reserve_ptr(c), reserve_bytes(c), ws, wsb, nullptr);
+        });
+    return;
+  }
+  c.add("dout", attn(d, d.Hq, d.Sq), Fill::kAttnIn);
+  c.add("reserve", reserve, Fill::kLseIn);  // overwritten by the prepare step's forward
+  c.reserve_arg = 7;
+  c.add("dq", attn(d, d.Hq, d.Sq), Fill::kOutput);
+  c.add("dk", attn(d, d.Hkv, d.Skv), Fill::kOutput);
+  c.add("dv", attn(d, d.Hkv, d.Skv), Fill::kOutput);
+  c.add("dgate", attn(d, d.Hq, d.Sq), Fill::kOutput);
+  c.args.back().pass_null = !gate;
+  c.budget_null = 10;
+  // The forward that fills the reserve: the call's own arguments (as mutated), its own out.
+  const PrepareFn prepare = [prepare_mode](const Call& c) {
+    if (prepare_mode == 1 || c.cfg_null || c.handle_null) return;
+    fva_vsa_layer_config_t fcfg;
+    std::memcpy(&fcfg, c.cfg.data(), sizeof fcfg);
+    if (prepare_mode == 3) fcfg.topk = fcfg.topk == 1 ? 2 : 1;
+    const fva_tensor_t* gate_arg = T(c, 3);
+    if (prepare_mode == 2) gate_arg = gate_arg ? nullptr : T(c, 0);
+    size_t ws = 0, rs = 0;
+    if (fva_vsa_layer_sizes(g_cpu, &fcfg, T(c, 0), T(c, 1), T(c, 2), &ws, &rs) != FVA_OK || !T(c, 0)) return;
+    if (ws > kArenaCap || rs > reserve_bytes(c)) return;
+    fva_tensor_t out = *T(c, 0);
+    void* out_mem = nullptr;
+    void* ws_mem = nullptr;
+    const std::optional<uint64_t> out_bytes = addressed_bytes(out);
+    if (!out_bytes || *out_bytes > kArenaCap || posix_memalign(&out_mem, 64, *out_bytes) != 0) return;
+    if (ws && posix_memalign(&ws_mem, 64, ws) != 0) std::abort();
+    out.data = out_mem;
+    (void)fva_vsa_layer_forward(g_cpu, &fcfg, T(c, 0), T(c, 1), T(c, 2), gate_arg, T(c, 4), T(c, 5), &out, nullptr,
+                                nullptr, reserve_ptr(c), reserve_bytes(c), ws_mem, ws, nullptr);
+    std::free(out_mem);
+    std::free(ws_mem);
+  };
+  run("fva_vsa_layer_backward", c, in, work(13), query,
+      [](fva_handle_t h, const void* p, const Call& c, void* ws, size_t wsb) {
+        return fva_vsa_layer_backward(h, static_cast<const fva_vsa_layer_config_t*>(p), T(c, 0), T(c, 1), T(c, 2),
+                                      T(c, 3), T(c, 4), T(c, 5), T(c, 6), reserve_ptr(c), reserve_bytes(c),
+                                      T(c, 8), T(c, 9), T(c, 10), T(c, 11), ws, wsb, nullptr);
+      },
+      prepare);
+}
+
+// fva_vsa_tile_plan: grids from small to absurd, tiles from 1 to absurd, each pointer NULL or not.
+// Outputs are allocated exactly once the count is known (small grids only): a success must write
+// a valid plan, a failure nothing.
+void tile_plan(ByteReader& in) {
+  int64_t dims[3];
+  int32_t tile[3];
+  for (int64_t& x : dims) x = (in.u8() & 1) ? interesting64(in) : 1 + in.u8() % 13;
+  for (int32_t& x : tile) x = (in.u8() & 1) ? static_cast<int32_t>(interesting32(in)) : 1 + in.u8() % 5;
+  const uint8_t nulls = in.u8();
+  int64_t nb = -7;
+  const fva_status_t st = fva_vsa_tile_plan((nulls & 1) ? nullptr : dims, (nulls & 2) ? nullptr : tile,
+                                            nullptr, nullptr, &nb);
+  check_status(st, "fva_vsa_tile_plan");
+  if (st != FVA_OK) {
+    if (st != FVA_ERR_INVALID_ARGUMENT) finding("fva_vsa_tile_plan: a status its documentation does not list");
+    if (nb != -7) finding("fva_vsa_tile_plan failed but wrote *num_blocks");
+    return;
+  }
+  const int64_t tokens = dims[0] * dims[1] * dims[2];  // valid dims: at most 2^56
+  const int64_t slots = int64_t{tile[0]} * tile[1] * tile[2];
+  if (nb < 1 || nb > tokens) finding("fva_vsa_tile_plan: block count out of range");
+  if (tokens > 4096 || nb * slots > (int64_t{1} << 20)) return;
+  std::vector<int64_t> slot(static_cast<size_t>(tokens), -1);
+  std::vector<int32_t> sizes(static_cast<size_t>(nb), -1);
+  if (fva_vsa_tile_plan(dims, tile, slot.data(), sizes.data(), nullptr) != FVA_OK)
+    finding("fva_vsa_tile_plan: the second call failed");
+  int64_t sum = 0;
+  for (int32_t s : sizes) {
+    if (s < 1 || s > slots) finding("fva_vsa_tile_plan: a block size out of range");
+    sum += s;
+  }
+  if (sum != tokens) finding("fva_vsa_tile_plan: block sizes do not sum to the token count");
+  std::vector<char> used(static_cast<size_t>(nb * slots), 0);
+  for (int64_t x : slot) {
+    if (x < 0 || x >= nb * slots || used[static_cast<size_t>(x)] || x % slots >= sizes[static_cast<size_t>(x / slots)])
+      finding("fva_vsa_tile_plan: a token's slot is out of range, shared or in its block's padding");
+    used[static_cast<size_t>(x)] = 1;
+  }
+}
+
 void nvfp4(ByteReader& in) {
   Call c;
   Dims& d = c.dims;
@@ -680,7 +856,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fvafuzz::ByteReader in(data, size);
   for (int calls = 0; calls < 8; ++calls) {
-    switch (in.u8() % 8) {
+    switch (in.u8() % 11) {
       case 0: fvafuzz::qat(in, false); break;
       case 1: fvafuzz::qat(in, true); break;
       case 2: fvafuzz::vsa(in, false); break;
@@ -689,6 +865,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 5: fvafuzz::nvfp4(in); break;
       case 6: fvafuzz::handles(in); break;
       case 7: fvafuzz::misc(in); break;
+      case 8: fvafuzz::layer(in, false); break;
+      case 9: fvafuzz::layer(in, true); break;
+      case 10: fvafuzz::tile_plan(in); break;
     }
     if (in.empty()) break;
   }

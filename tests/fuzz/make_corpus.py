@@ -11,7 +11,7 @@ import struct
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
-QAT_FWD, QAT_BWD, VSA_FWD, VSA_BWD, INVERT, NVFP4, HANDLES, MISC = range(8)
+QAT_FWD, QAT_BWD, VSA_FWD, VSA_BWD, INVERT, NVFP4, HANDLES, MISC, LAYER_FWD, LAYER_BWD, TILE_PLAN = range(11)
 F16, BSHD, PAD = 1, 2, 4
 
 
@@ -43,6 +43,24 @@ def vsa(op, flags=0, B=1, Hkv=1, group=1, D_pick=0, nqb=1, nkv=1, max_k=1, scale
         seed=1, rate=0, meta=()):
     return ([op] + layout(flags, B, Hkv, group) + [D_pick, nqb - 1, nkv - 1, max_k - 1, scale_pick]
             + mutations(*muts) + fill(seed, rate) + list(meta))
+
+
+def layer(op, flags=0, B=1, Hkv=1, group=1, D_pick=0, nqb=1, nkv=1, topk_pick=0, scale_pick=0,
+          no_gate=0, reserve_size=0, prepare=0, muts=(), seed=1, rate=0, meta=()):
+    # topk_pick: 0..3 for topk 1, 2, 3, 5. The flags byte: no gate 1, reserve_bytes choice 2 * (0 all,
+    # 1 one byte less, 2 half, 3 zero), backward's reserve 8 * (0 its forward, 1 none, 2 the gate
+    # toggled, 3 another topk). meta: the q block sizes, then the kv block sizes.
+    return ([op] + layout(flags, B, Hkv, group)
+            + [D_pick, nqb - 1, nkv - 1, topk_pick, scale_pick, no_gate | 2 * reserve_size | 8 * prepare]
+            + mutations(*muts) + fill(seed, rate) + list(meta))
+
+
+def tile_plan(dims=(1, 1, 1), tile=(1, 1, 1), nulls=0):
+    # Each value: a small one (byte 0, then value - 1), or (byte 1, then an interesting64/32 pick).
+    out = [TILE_PLAN]
+    for v in list(dims) + list(tile):
+        out += [1, v[1]] if isinstance(v, tuple) else [0, v - 1]
+    return out + [nulls]
 
 
 def invert(B=1, H=1, nqb=1, nkv=1, max_k=1, muts=(), meta=()):
@@ -95,6 +113,21 @@ seeds = {
     "handles_auto_cuda": [HANDLES, 1, 0, 1, 0, 0, 0] + [HANDLES, 2, 1, 0, 0, 0, 0],
     "handles_struct_sizes": [HANDLES, 0, 0, 0, 1, 9, 1, 4, 0],
     "misc": [MISC] + list(struct.pack("<i", -7)),
+    "layer_fwd": layer(LAYER_FWD, Hkv=1, group=2, D_pick=0, nqb=2, nkv=3, topk_pick=1,
+                       meta=[0, 34] + [0, 64, 47]),
+    "layer_fwd_no_gate_f16": layer(LAYER_FWD, F16 | BSHD | PAD, B=2, D_pick=1, nqb=1, nkv=2,
+                                   topk_pick=3, scale_pick=1, no_gate=1, meta=[10] + [0, 0]),
+    "layer_bwd": layer(LAYER_BWD, Hkv=2, group=1, D_pick=0, nqb=2, nkv=2, topk_pick=0,
+                       meta=[0, 0] + [0, 20]),
+    "layer_bwd_gqa_empty_blocks": layer(LAYER_BWD, PAD, Hkv=1, group=3, D_pick=0, nqb=1, nkv=3,
+                                        topk_pick=2, meta=[64] + [64, 0, 30]),
+    "layer_bwd_reserve_without_gate": layer(LAYER_BWD, nqb=1, nkv=2, topk_pick=1, prepare=2),
+    "layer_bwd_reserve_other_topk": layer(LAYER_BWD, nqb=1, nkv=2, topk_pick=1, prepare=3),
+    "layer_bwd_reserve_garbage": layer(LAYER_BWD, nqb=1, nkv=1, prepare=1),
+    "layer_fwd_reserve_short": layer(LAYER_FWD, nqb=1, nkv=1, reserve_size=1),
+    "tile_plan_video": tile_plan(dims=(5, 7, 9), tile=(4, 4, 4)),
+    "tile_plan_huge": tile_plan(dims=((0, 25), (0, 25), 3), tile=(4, 4, 4)),
+    "tile_plan_null_dims": tile_plan(dims=(2, 2, 2), tile=(2, 1, 2), nulls=1),
     # Mutations: an overflowing stride, a misaligned k, a pointer near 2^64, o aliasing q, a bad
     # config struct_size, too small (or half) a workspace, a misaligned one, a NULL handle.
     "mut_qat_stride_overflow": qat(QAT_FWD, D_pick=1, Sq=16, Skv=16,

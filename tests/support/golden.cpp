@@ -177,6 +177,15 @@ std::vector<GoldenCase> list_golden(const std::string& kind) {
       c.causal = causal->second.b;
       c.sm_scale = scale->second.num;
     }
+    if (kind == "vsa_layer") {
+      auto topk = j.obj.find("topk");
+      auto gate = j.obj.find("gate");
+      if (topk == j.obj.end() || topk->second.kind != Json::Number || gate == j.obj.end() ||
+          gate->second.kind != Json::Bool)
+        throw std::runtime_error("golden: " + c.dir + "/case.json lacks topk/gate");
+      c.topk = static_cast<int64_t>(topk->second.num);
+      c.gate = gate->second.b;
+    }
     out.push_back(std::move(c));
   }
   return out;

@@ -15,13 +15,16 @@ namespace fvt {
 std::string golden_dir();  // FVA_GOLDEN_DIR
 
 struct GoldenCase {
-  std::string kind;  // "qat" or "vsa"
+  std::string kind;  // "qat", "vsa" or "vsa_layer"
   std::string name;
   std::string dir;
   // From case.json (QAT cases only; VSA's case.json has just the tensor list).
   std::map<std::string, bool> preset;  // FastVideo's flag names
   bool causal = false;
   double sm_scale = 0.0;
+  // From case.json (VSA layer cases only).
+  int64_t topk = 0;
+  bool gate = false;
 
   bool flag(const std::string& key) const;  // throws if the preset lacks it
   std::string path(const std::string& tensor) const { return dir + "/" + tensor + ".npy"; }

@@ -13,7 +13,8 @@
 #   AB_BASE_DIR (where the base tree is built; default /tmp/fvattn-ab-base), NEW_ENVS (more
 #   variants of the new build, each NAME=VAR=VALUE, space-separated, e.g.
 #   "oneshot=FVATTN_EXPERIMENT=oneshot": benched in every round after "new", with VAR set),
-#   AB_CMAKE_ARGS (more configure flags for the base, e.g. -DFVATTN_SASS_ARCHS=90a).
+#   AB_CMAKE_ARGS (more configure flags for the base, e.g. -DFVATTN_SASS_ARCHS=90a), AB_REUSE_BASE=1
+#   (bench the base already built in AB_BASE_DIR by an earlier call on the same machine).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab}
 mkdir -p "$OUT"
@@ -21,6 +22,9 @@ mkdir -p "$OUT"
 bench_args=${BENCH_ARGS:---seq 16384,32768 --no-sdpa}
 base=${AB_BASE_DIR:-/tmp/fvattn-ab-base}  # the base tree and its build-gpu
 deps="$(pwd)/.device-deps/usr"
+if [ "${AB_REUSE_BASE:-0}" = 1 ] && [ -x "$base/build-gpu/tools/fvattn" ]; then
+  echo "ab: reusing the base built in $base"
+else
 rm -rf "$base" && mkdir -p "$base"
 if [ -n "${BASE_TREE:-}" ]; then
   tar -C "$BASE_TREE" --exclude=./build-gpu --exclude='./build-*' -cf - . | tar -C "$base" -xf -
@@ -37,6 +41,7 @@ if ! { cmake -S "$base" -B "$base/build-gpu" -G Ninja -DFVATTN_CUDA=ON -DCMAKE_B
          -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest" &&
        cmake --build "$base/build-gpu" -j "$(nproc)"; } > "$OUT/ab-base-build.log" 2>&1; then
   tail -n 20 "$OUT/ab-base-build.log"; echo "ab: the base did not build"; exit 1
+fi
 fi
 variants="base new"
 for e in ${NEW_ENVS:-}; do variants+=" ${e%%=*}"; done

@@ -1,4 +1,4 @@
-// reference64: docs/SPEC.md sections 1-3 in float64, the oracle of the tests and of `fvattn demo`.
+// reference64: docs/SPEC.md sections 1-3 and 3b in float64, the oracle of the tests and of `fvattn demo`.
 //
 // Written independently of the library: it shares no code with src/ or kernels/ and does not include
 // fvattn.h, so a misreading of the spec in one is not silently copied into the other. Its own E4M3,
@@ -157,5 +157,57 @@ struct K2Q {
   std::vector<int32_t> num;  // [B, H, nkv]
 };
 K2Q vsa_invert_indices(const VsaIndex& idx, int64_t num_kv_blocks);
+
+// ---- section 3b: the whole VSA layer (reference64_vsa_layer.cpp) -----------------------------------
+
+struct VsaLayerConfig {
+  double softmax_scale = 0.0;  // 0: scores are divided by sqrt(D), as SPEC 3b writes them
+  int64_t topk = 1;            // >= 1
+};
+
+// The layer's inputs: q [B, Hq, 64 nq, D], k and v [B, Hkv, 64 nkv, D], gate like q when has_gate,
+// block sizes [nq] and [nkv] (clamped to [0, 64]).
+struct VsaLayerInputs {
+  Tensor q, k, v, gate;
+  bool has_gate = false;
+  std::vector<int32_t> q_block_sizes, kv_block_sizes;
+};
+
+// Selected lists: q2k_idx [B, Hq, nq, k] with k = min(topk, nkv), ascending, -1 past q2k_num.
+struct VsaLayerSelection {
+  int64_t k = 0;
+  std::vector<int32_t> q2k_idx, q2k_num;
+};
+
+// The forward's values. What SPEC 3b rounds is rounded to the dtype (the block means, both
+// roundings of the scores, attn, out_c); the rest (out_s, out) is double.
+struct VsaLayerForward {
+  Tensor q_c, k_c, v_c;         // [B, H, n, D]
+  std::vector<double> scores;   // [B, Hq, nq, nkv]; -inf for kv blocks of size 0
+  std::vector<double> attn;     // [B, Hq, nq, nkv]; 0 for kv blocks of size 0
+  Tensor out_c;                 // [B, Hq, nq, D]
+  VsaLayerSelection selection;  // the one the fine branch used
+  VsaForward fine;              // out_s and its lse
+  Tensor out;                   // out_c[block] * gate + out_s (or out_c[block] + out_s)
+};
+
+// The selection SPEC 3b defines for these scores: the topk kv blocks of nonzero size with the
+// highest scores, ties to the lower index, ascending.
+VsaLayerSelection vsa_layer_select(const std::vector<double>& scores, int64_t B, int64_t H,
+                                   int64_t nq, const std::vector<int32_t>& kv_block_sizes,
+                                   int64_t topk);
+
+// `use` replaces the reference's own selection in the fine branch (a test checks first that a
+// library's selection is one SPEC 3b allows, then compares everything else on equal terms).
+VsaLayerForward vsa_layer_forward(const VsaLayerConfig& cfg, DType dt, const VsaLayerInputs& in,
+                                  const VsaLayerSelection* use = nullptr);
+
+struct VsaLayerGrads {
+  Tensor dq, dk, dv, dgate;  // dgate only with a gate
+};
+// The exact gradient of the forward above (in double, from its rounded values), the selection not
+// differentiated; with GQA, dk and dv sum over each kv head's group.
+VsaLayerGrads vsa_layer_backward(const VsaLayerConfig& cfg, DType dt, const VsaLayerInputs& in,
+                                 const VsaLayerForward& fwd, const Tensor& dout);
 
 }  // namespace ref64

@@ -1,0 +1,154 @@
+// The parameter blocks of the whole VSA layer's kernels (kernels/vsa_layer/, SPEC section 3b) and
+// the record the forward leaves at the start of the reserve, shared by the CUDA backend
+// (src/cuda/vsa_layer_ops.cpp, plain C++) and the kernels (nvcc), so both agree on every layout.
+//
+// The layer's own buffers (in the reserve or the workspace) are contiguous: [B, H, n, D] for block
+// vectors, [B, Hq, nq, nkv] for the coarse weights, [B, Hq, nq, topk] for the lists. The caller's
+// tensors come as Tensor4 views (element strides, last dimension contiguous, 16-byte aligned rows).
+#pragma once
+
+#include <stdint.h>
+
+#include "shared/kernel_params.h"
+
+namespace fva::kern {
+
+// ---- the reserve's record ------------------------------------------------------------------------
+
+// What the forward recorded: the shapes, the dtype, topk, the softmax scale and whether a gate was
+// given. The forward's first kernel clears the magic and its last kernel writes the whole record,
+// so a forward that stops half way (a launch refused) leaves none; every kernel of the backward
+// compares it, word for word, with what its own call expects and, when they differ, returns before
+// writing anything (the host cannot read the reserve without synchronizing). No padding: 80 bytes,
+// 20 words.
+constexpr uint32_t kLayerReserveMagic = 0x4c415346u;  // "FSAL" in memory order: fvattn's VSA layer
+constexpr uint32_t kLayerReserveVersion = 1u;
+struct LayerReserveHeader {
+  uint32_t magic, version;
+  int32_t dtype, gate;
+  int64_t B, Hq, Hkv, nq, nkv, D, topk;
+  uint32_t scale_bits;  // the fp32 softmax scale's bits
+  uint32_t reserved;    // 0
+};
+static_assert(sizeof(LayerReserveHeader) == 80, "the record is compared as 20 words");
+constexpr int kLayerHeaderWords = static_cast<int>(sizeof(LayerReserveHeader) / 4);
+
+// The record's check, as every backward kernel takes it: where the record lies and what it must say.
+struct LayerReserveCheck {
+  const LayerReserveHeader* stored;
+  LayerReserveHeader expected;
+};
+
+// ---- forward ---------------------------------------------------------------------------------------
+
+// Block means of q, k and v in one launch (vsa_layer/block_means.cu): job j averages the real slots
+// of every 64-token block of x into out (contiguous [B, H, nblocks, D], the dtype), a unit of
+// work per (b, h, block); the jobs' units follow each other from unit 0.
+struct LayerMeansJob {
+  Tensor4 x;
+  void* out;
+  const int32_t* sizes;  // [nblocks], clamped to [0, 64] when read
+  int64_t sizes_stride;
+  int32_t H, nblocks;
+  int64_t first_unit;
+};
+constexpr int kLayerMeansJobs = 3;
+struct LayerMeansParams {
+  LayerMeansJob job[kLayerMeansJobs];
+  int32_t num_jobs;
+  int32_t B;
+  int64_t units;
+  uint32_t* record_magic;  // cleared by block 0: the reserve holds no finished forward
+};
+
+// The coarse attention over block means and the selection (vsa_layer/coarse_forward.cu): a block
+// per (b, q head, tile of kLayerCoarseRows q blocks).
+constexpr int kLayerCoarseRows = 16;
+constexpr int kLayerCoarseThreads = 128;
+struct LayerCoarseForwardParams {
+  const void* q_c;  // [B, Hq, nq, D]
+  const void* k_c;  // [B, Hkv, nkv, D]
+  const void* v_c;  // [B, Hkv, nkv, D]
+  void* attn;       // [B, Hq, nq, nkv]: first the scores, then softmax(scores)
+  void* out_c;      // [B, Hq, nq, D]
+  int32_t* q2k_idx;  // [B, Hq, nq, topk], ascending
+  int32_t* q2k_num;  // [B, Hq, nq] = topk
+  // The caller's copies of the lists (null: not wanted).
+  int32_t* user_idx;
+  int64_t user_idx_stride_b, user_idx_stride_h, user_idx_stride_qb;
+  int32_t* user_num;
+  int64_t user_num_stride_b, user_num_stride_h, user_num_stride_qb;
+  const int32_t* kv_sizes;  // [nkv]: a kv block of size <= 0 takes no part
+  int64_t kv_sizes_stride;
+  int32_t B, Hq, Hkv, nq, nkv, topk;
+  float scale;
+};
+
+// out = out_c[block] * gate + out_s (gate.data null: out_c[block] + out_s), a unit per (b, q head,
+// q block) (vsa_layer/gate.cu).
+// The forward's last kernel, so its block 0 writes the reserve's record.
+struct LayerGateParams {
+  Tensor4 gate;     // data null: no gate
+  Tensor4 out;
+  const void* out_s;  // [B, Hq, Sq, D]
+  const void* out_c;  // [B, Hq, nq, D]
+  int32_t B, Hq, nq;
+  int64_t units;
+  LayerReserveHeader* record;
+  LayerReserveHeader record_value;
+};
+
+// ---- backward --------------------------------------------------------------------------------------
+
+// dgate = dout * out_c[block] and dout_c[i] = sum over block i's 64 slots of dout * gate (or dout),
+// a unit per (b, q head, q block) (vsa_layer/gate.cu).
+struct LayerGateBackwardParams {
+  LayerReserveCheck check;
+  Tensor4 dout;
+  Tensor4 gate;   // data null: no gate
+  Tensor4 dgate;  // data null exactly when gate's is
+  const void* out_c;  // [B, Hq, nq, D]
+  void* dout_c;       // [B, Hq, nq, D]
+  int32_t B, Hq, nq;
+  int64_t units;
+};
+
+// The coarse attention's backward for its q side (vsa_layer/coarse_backward.cu), a block per (b, q
+// head, tile of kLayerCoarseRows q blocks): dattn = dout_c v_cᵀ, the softmax's backward, dmm =
+// dscores * scale (written over dattn in dmm), dq_c = dmm k_c.
+struct LayerCoarseBackwardParams {
+  LayerReserveCheck check;
+  const void* q_c;     // [B, Hq, nq, D]
+  const void* k_c;     // [B, Hkv, nkv, D]
+  const void* v_c;     // [B, Hkv, nkv, D]
+  const void* attn;    // [B, Hq, nq, nkv]
+  const void* dout_c;  // [B, Hq, nq, D]
+  void* dmm;           // [B, Hq, nq, nkv]
+  void* dq_c;          // [B, Hq, nq, D]
+  // Its kv side, a block per (b, kv head, tile of kLayerCoarseRows kv blocks): dv_c = attnᵀ dout_c
+  // and dk_c = dmmᵀ q_c, each summed over the kv head's q heads.
+  void* dk_c;  // [B, Hkv, nkv, D]
+  void* dv_c;  // [B, Hkv, nkv, D]
+  int32_t B, Hq, Hkv, nq, nkv;
+  float scale;
+};
+
+// dx = dx_fine + d(x_c)[block] * (1 / size[block]) on every slot of the block (size 0: dx_fine),
+// for dq, dk and dv in one launch, a unit per (b, h, block) (vsa_layer/gate.cu).
+struct LayerCombineJob {
+  const void* fine;    // [B, H, nblocks * 64, D]: the fine branch's gradient (workspace)
+  const void* coarse;  // [B, H, nblocks, D]: the block mean's gradient
+  Tensor4 out;
+  const int32_t* sizes;  // [nblocks]
+  int64_t sizes_stride;
+  int32_t H, nblocks;
+  int64_t first_unit;
+};
+struct LayerCombineParams {
+  LayerReserveCheck check;
+  LayerCombineJob job[3];
+  int32_t B;
+  int64_t units;
+};
+
+}  // namespace fva::kern

@@ -1,0 +1,157 @@
+// The backward of the VSA layer's coarse attention (SPEC 3b), rounded where FastVideo's torch
+// autograd rounds (every tensor it materializes is in the dtype; products and reductions accumulate
+// in fp32):
+//   dattn = dtype(dout_c v_cᵀ);  dscores = dtype(attn ⊙ (dattn - rowsum(attn ⊙ dattn)));
+//   dmm = dtype(dscores * scale);  dq_c = dtype(dmm k_c);
+//   dv_c = dtype(attnᵀ dout_c),  dk_c = dtype(dmmᵀ q_c), each summed over the kv head's q heads (GQA)
+//   in fp32 before its one rounding.
+// Two launches: the q side (a block per (b, q head, 16 q blocks): dattn, the softmax's backward
+// into dmm, dq_c), then the kv side (a block per (b, kv head, 16 kv blocks)). Both first check the
+// reserve's record and do nothing when it is not this call's (the outputs stay untouched).
+#include "vsa_layer/coarse_tiles.cuh"
+
+namespace fva::dev::layer {
+namespace {
+
+template <typename T, int D>
+__device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwardParams& p) {
+  if (!reserve_matches(p.check)) return;  // every warp of the block decides alike
+  __shared__ __align__(16) float a[kRows * D];
+  __shared__ __align__(16) float work[TileSmem<D>::kWorkFloats];
+  const int bh = blockIdx.y;
+  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  const int i0 = blockIdx.x * kRows;
+  const int rows = min(kRows, p.nq - i0);
+  if (rows <= 0) return;
+  const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
+  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
+  const int nkv = p.nkv;
+  uint16_t* dmm = static_cast<uint16_t*>(p.dmm) + q_row0 * nkv;
+  const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
+  load_rows<T, D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, a);
+  rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, nkv, work,
+                        [&](int r, int j, float s) {
+                          dmm[static_cast<int64_t>(r) * nkv + j] = Elem<T>::bits(s);
+                        });
+  // The softmax's backward, a warp per row: rowsum(attn ⊙ dattn), then dmm over dattn.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float scale = p.scale;
+  for (int r = warp; r < rows; r += kThreads / 32) {
+    const uint16_t* ar = attn + static_cast<int64_t>(r) * nkv;
+    uint16_t* dr = dmm + static_cast<int64_t>(r) * nkv;
+    float dot = 0.0f;
+    for (int j = lane; j < nkv; j += 32) dot = step(dot, Elem<T>::value(ar[j]), Elem<T>::value(dr[j]));
+    dot = warp_sum(dot);
+    for (int j = lane; j < nkv; j += 32) {
+      const float at = Elem<T>::value(ar[j]);
+      const float ds = rnd<T>(at * (Elem<T>::value(dr[j]) - dot));
+      dr[j] = Elem<T>::bits(ds * scale);
+    }
+  }
+  uint16_t* dq_c = static_cast<uint16_t*>(p.dq_c) + q_row0 * D;
+  rows_times_matrix<T, D>(dmm, nkv, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, nkv, work,
+                          [&](int r, int d, float o) { dq_c[r * D + d] = Elem<T>::bits(o); });
+}
+
+// dv_c and dk_c of 16 kv blocks: for each q head of the group and each tile of 32 q blocks, the
+// weights attn and dmm of the tile's [32 x 16] window and the rows of dout_c and q_c, then thread
+// t adds column t % D of its kv blocks' sums, (q head, q block) ascending.
+template <typename T, int D>
+__device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwardParams& p) {
+  if (!reserve_matches(p.check)) return;
+  constexpr int kGroups = kThreads / D;
+  constexpr int kPerThread = kRows / kGroups;
+  __shared__ float xo[kSumTile * D];  // dout_c rows
+  __shared__ float xq[kSumTile * D];  // q_c rows
+  __shared__ __align__(16) float wa[kSumTile * kRows];  // attn window, [q block][kv block]
+  __shared__ __align__(16) float wd[kSumTile * kRows];  // dmm window
+  const int bhk = blockIdx.y;
+  const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int group = p.Hq / p.Hkv;
+  const int j0 = blockIdx.x * kRows;
+  const int cols = min(kRows, p.nkv - j0);
+  if (cols <= 0) return;
+  const int nq = p.nq, nkv = p.nkv;
+  const int d = threadIdx.x % D, g = threadIdx.x / D;
+  float acc_v[kPerThread], acc_k[kPerThread];
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) acc_v[m] = acc_k[m] = 0.0f;
+  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
+    const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
+    const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv + j0;
+    const uint16_t* dmm = static_cast<const uint16_t*>(p.dmm) + q_row0 * nkv + j0;
+    const uint32_t* dout_c = static_cast<const uint32_t*>(p.dout_c) + q_row0 * (D / 2);
+    const uint32_t* q_c = static_cast<const uint32_t*>(p.q_c) + q_row0 * (D / 2);
+    for (int i0 = 0; i0 < nq; i0 += kSumTile) {
+      __syncthreads();  // the previous tile is consumed
+      for (int e = threadIdx.x; e < kSumTile * D / 2; e += kThreads) {
+        const int ii = e / (D / 2), c = e % (D / 2);
+        const bool in = i0 + ii < nq;
+        const int64_t at = static_cast<int64_t>(i0 + ii) * (D / 2) + c;
+        const uint32_t vo = in ? dout_c[at] : 0u, vq = in ? q_c[at] : 0u;
+        xo[ii * D + 2 * c] = lo<T>(vo);
+        xo[ii * D + 2 * c + 1] = hi<T>(vo);
+        xq[ii * D + 2 * c] = lo<T>(vq);
+        xq[ii * D + 2 * c + 1] = hi<T>(vq);
+      }
+      for (int e = threadIdx.x; e < kSumTile * kRows; e += kThreads) {
+        const int ii = e / kRows, jj = e % kRows;
+        const bool in = i0 + ii < nq && jj < cols;
+        const int64_t at = static_cast<int64_t>(i0 + ii) * nkv + jj;
+        wa[e] = in ? Elem<T>::value(attn[at]) : 0.0f;
+        wd[e] = in ? Elem<T>::value(dmm[at]) : 0.0f;
+      }
+      __syncthreads();
+      const int count = min(kSumTile, nq - i0);
+      for (int ii = 0; ii < count; ++ii) {
+        const float o = xo[ii * D + d], q = xq[ii * D + d];
+        const float* ra = wa + ii * kRows + g * kPerThread;  // broadcast within the warp
+        const float* rd = wd + ii * kRows + g * kPerThread;
+#pragma unroll
+        for (int m4 = 0; m4 < kPerThread; m4 += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(ra + m4);
+          const float4 d4 = *reinterpret_cast<const float4*>(rd + m4);
+          acc_v[m4] = step(acc_v[m4], a4.x, o);
+          acc_v[m4 + 1] = step(acc_v[m4 + 1], a4.y, o);
+          acc_v[m4 + 2] = step(acc_v[m4 + 2], a4.z, o);
+          acc_v[m4 + 3] = step(acc_v[m4 + 3], a4.w, o);
+          acc_k[m4] = step(acc_k[m4], d4.x, q);
+          acc_k[m4 + 1] = step(acc_k[m4 + 1], d4.y, q);
+          acc_k[m4 + 2] = step(acc_k[m4 + 2], d4.z, q);
+          acc_k[m4 + 3] = step(acc_k[m4 + 3], d4.w, q);
+        }
+      }
+    }
+  }
+  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv + j0;
+  uint16_t* dv_c = static_cast<uint16_t*>(p.dv_c) + kv0 * D;
+  uint16_t* dk_c = static_cast<uint16_t*>(p.dk_c) + kv0 * D;
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) {
+    const int jj = g * kPerThread + m;
+    if (jj < cols) {
+      dv_c[jj * D + d] = Elem<T>::bits(acc_v[m]);
+      dk_c[jj * D + d] = Elem<T>::bits(acc_k[m]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fva::dev::layer
+
+#define FVA_LAYER_COARSE_BACKWARD(dtype, T, D)                                                 \
+  extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
+      fva_layer_coarse_bwd_q_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {   \
+    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
+    fva::dev::layer::coarse_backward_q<T, D>(p);                                               \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
+      fva_layer_coarse_bwd_kv_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {  \
+    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
+    fva::dev::layer::coarse_backward_kv<T, D>(p);                                              \
+  }
+FVA_LAYER_COARSE_BACKWARD(bf16, fva::dev::Bf16, 64)
+FVA_LAYER_COARSE_BACKWARD(bf16, fva::dev::Bf16, 128)
+FVA_LAYER_COARSE_BACKWARD(f16, fva::dev::F16, 64)
+FVA_LAYER_COARSE_BACKWARD(f16, fva::dev::F16, 128)
+#undef FVA_LAYER_COARSE_BACKWARD

@@ -1,0 +1,193 @@
+// The VSA layer's coarse attention and selection (SPEC 3b steps 2-3) in one launch, a block of 128
+// threads per (b, q head, tile of 16 q blocks), with no host round trip and no sort:
+//   1. scores[i][j] = dtype(dtype(q_c[i]·k_c[j]) * scale) for the tile's rows and every kv block,
+//      written into the reserve's attn rows (they are overwritten by the weights in step 2);
+//   2. a warp per row: softmax over the kv blocks of nonzero size (fp32, rounded to the dtype) into
+//      attn, and the topk kv blocks of highest score (ties: the lower index) as an ascending list,
+//      by a two-pass radix select on the scores' 16 bits (the k-th largest key, then the ties it
+//      needs in index order) and a ballot scan that writes the list in order;
+//   3. out_c[i] = dtype(attn[i]·v_c).
+// kv blocks of size 0 take no part: weight 0, never selected; a row lists min(topk, the blocks of
+// nonzero size) blocks, then -1 (the CPU backend's lists, src/cpu/vsa_layer_forward.cpp).
+#include "vsa_layer/coarse_tiles.cuh"
+
+namespace fva::dev::layer {
+namespace {
+
+// The order key of a 16-bit score (bf16 or f16 bits) among the kv blocks that take part: unsigned
+// order is the values' order with -0 equal to +0, and a NaN (key 1) ranks after every number, as
+// the CPU backend ranks them. Key 0: a kv block of size 0, which is never picked.
+template <typename T>
+__device__ __forceinline__ uint32_t score_key(uint16_t bits) {
+  if ((bits & 0x7fffu) > Elem<T>::kInfBits) return 1u;  // NaN
+  if (bits == 0x8000u) bits = 0;
+  return (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);  // >= 0x007f (-inf) for bf16
+}
+
+// In hist[256] (a warp's), the largest bin b whose count with the bins above it reaches `need`
+// (>= 1, at most the total): returns b and sets *above to the count of the bins above b.
+__device__ __forceinline__ int find_bin(const int* hist, int need, int* above) {
+  const int lane = threadIdx.x & 31;
+  int mine = 0;  // bins 8 * lane .. 8 * lane + 7
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mine += hist[8 * lane + i];
+  int suffix = mine;  // over lanes >= this one
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int up = __shfl_down_sync(0xffffffffu, suffix, o);
+    if (lane + o < 32) suffix += up;
+  }
+  const int beyond = suffix - mine;  // over lanes > this one
+  const unsigned owner = __ballot_sync(0xffffffffu, suffix >= need && beyond < need);
+  const int src = __ffs(owner) - 1;  // exactly one lane
+  int bin = 0, count_above = 0;
+  if (lane == src) {
+    int acc = beyond;
+    bin = 8 * lane;
+    for (int i = 7; i >= 0; --i) {
+      const int c = hist[8 * lane + i];
+      if (acc + c >= need) {
+        bin = 8 * lane + i;
+        break;
+      }
+      acc += c;
+    }
+    count_above = acc;
+  }
+  *above = __shfl_sync(0xffffffffu, count_above, src);
+  return __shfl_sync(0xffffffffu, bin, src);
+}
+
+// Row i of (b, h): softmax over the scores in `row` (overwritten by the weights) and the selection,
+// by one warp. The kv blocks that take part are those of nonzero size; the list holds
+// min(topk, their count) of them, ascending, then -1 up to topk, and q2k_num that count.
+template <typename T>
+__device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwardParams& p, int b,
+                                                   int h, int i, uint16_t* row, int* hist) {
+  const int lane = threadIdx.x & 31;
+  const int nkv = p.nkv;
+  const unsigned lt = (1u << lane) - 1u;
+  auto valid = [&](int j) { return block_tokens(p.kv_sizes, p.kv_sizes_stride, j) > 0; };
+  // Pass 1: the largest score, the blocks that take part, and the keys' high bytes counted.
+  for (int e = lane; e < 256; e += 32) hist[e] = 0;
+  __syncwarp();
+  float mx = -__builtin_huge_valf();
+  int taking_part = 0;
+  for (int j = lane; j < nkv; j += 32) {
+    const uint16_t s = row[j];
+    const bool ok = valid(j);
+    if (ok) {
+      mx = fmaxf(mx, Elem<T>::value(s));  // NaN scores are passed over
+      ++taking_part;
+    }
+    atomicAdd(&hist[(ok ? score_key<T>(s) : 0u) >> 8], 1);
+  }
+  __syncwarp();
+  mx = warp_max(mx);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) taking_part += __shfl_xor_sync(0xffffffffu, taking_part, o);
+  const int k = min(p.topk, taking_part);
+  int above_hi = 0, above_lo = 0, key_hi = 0, key_lo = 0;
+  if (k > 0) key_hi = find_bin(hist, k, &above_hi);  // k is the warp's: every lane takes the branch
+  __syncwarp();
+  // Pass 2: the low bytes of the keys in that bin.
+  for (int e = lane; e < 256; e += 32) hist[e] = 0;
+  __syncwarp();
+  for (int j = lane; j < nkv; j += 32) {
+    const uint32_t key = valid(j) ? score_key<T>(row[j]) : 0u;
+    if (static_cast<int>(key >> 8) == key_hi) atomicAdd(&hist[key & 0xffu], 1);
+  }
+  __syncwarp();
+  if (k > 0) key_lo = find_bin(hist, k - above_hi, &above_lo);
+  // k > 0: the threshold is the k-th largest key, >= 1, so no block of size 0 is picked.
+  const uint32_t threshold = k > 0 ? static_cast<uint32_t>(key_hi << 8 | key_lo) : 0x10000u;
+  const int ties_needed = k - above_hi - above_lo;  // keys equal to the threshold, lowest index first
+  // Pass 3: the softmax's sum (each lane in index order, then the butterfly).
+  float sum = 0.0f;
+  for (int j = lane; j < nkv; j += 32)
+    if (valid(j)) sum += expf(Elem<T>::value(row[j]) - mx);
+  sum = warp_sum(sum);
+  // Pass 4: the weights over the scores, and the list in index order.
+  const int64_t list_row = (static_cast<int64_t>(b) * p.Hq + h) * p.nq + i;
+  int32_t* list = p.q2k_idx + list_row * p.topk;
+  int32_t* user = p.user_idx != nullptr ? p.user_idx + b * p.user_idx_stride_b +
+                                              h * p.user_idx_stride_h + i * p.user_idx_stride_qb
+                                        : nullptr;
+  int taken = 0, ties_seen = 0;
+  for (int j0 = 0; j0 < nkv; j0 += 32) {
+    const int j = j0 + lane;
+    const bool inside = j < nkv;
+    uint32_t key = 0;
+    if (inside) {
+      const uint16_t s = row[j];
+      const bool ok = valid(j);
+      key = ok ? score_key<T>(s) : 0u;
+      row[j] = Elem<T>::bits(ok ? expf(Elem<T>::value(s) - mx) / sum : 0.0f);
+    }
+    const bool gt = inside && key > threshold, eq = inside && key == threshold;
+    const unsigned eq_mask = __ballot_sync(0xffffffffu, eq);
+    const bool pick = gt || (eq && ties_seen + __popc(eq_mask & lt) < ties_needed);
+    const unsigned pick_mask = __ballot_sync(0xffffffffu, pick);
+    if (pick) {
+      const int at = taken + __popc(pick_mask & lt);
+      if (at < k) {
+        list[at] = j;
+        if (user != nullptr) user[at] = j;
+      }
+    }
+    ties_seen += __popc(eq_mask);
+    taken += __popc(pick_mask);
+  }
+  for (int t = k + lane; t < p.topk; t += 32) {  // the list's unused slots
+    list[t] = -1;
+    if (user != nullptr) user[t] = -1;
+  }
+  if (lane == 0) {
+    p.q2k_num[list_row] = k;
+    if (p.user_num != nullptr)
+      p.user_num[b * p.user_num_stride_b + h * p.user_num_stride_h + i * p.user_num_stride_qb] = k;
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
+  __shared__ __align__(16) float a[kRows * D];
+  __shared__ __align__(16) float work[TileSmem<D>::kWorkFloats];
+  __shared__ int hist[kThreads / 32][256];
+  const int bh = blockIdx.y;
+  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  const int i0 = blockIdx.x * kRows;
+  const int rows = min(kRows, p.nq - i0);
+  if (rows <= 0) return;
+  const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
+  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
+  uint16_t* attn = static_cast<uint16_t*>(p.attn) + q_row0 * p.nkv;
+  load_rows<T, D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, a);
+  const float scale = p.scale;
+  rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, p.nkv, work,
+                        [&](int r, int j, float s) {
+                          attn[static_cast<int64_t>(r) * p.nkv + j] = Elem<T>::bits(rnd<T>(s) * scale);
+                        });
+  const int warp = threadIdx.x >> 5;
+  for (int r = warp; r < rows; r += kThreads / 32)
+    softmax_and_select<T>(p, b, h, i0 + r, attn + static_cast<int64_t>(r) * p.nkv, hist[warp]);
+  __syncthreads();
+  uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
+  rows_times_matrix<T, D>(attn, p.nkv, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, p.nkv,
+                          work, [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
+}
+
+}  // namespace
+}  // namespace fva::dev::layer
+
+#define FVA_LAYER_COARSE_FORWARD(dtype, T, D)                                             \
+  extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads)           \
+      fva_layer_coarse_fwd_##dtype##_d##D(const fva::kern::LayerCoarseForwardParams p) { \
+    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                     \
+    fva::dev::layer::coarse_forward<T, D>(p);                                             \
+  }
+FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 64)
+FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 128)
+FVA_LAYER_COARSE_FORWARD(f16, fva::dev::F16, 64)
+FVA_LAYER_COARSE_FORWARD(f16, fva::dev::F16, 128)
+#undef FVA_LAYER_COARSE_FORWARD

@@ -1,0 +1,170 @@
+// The VSA layer's passes over whole [B, H, S, D] tensors (SPEC 3b), each a single pass that reads
+// and writes every element once:
+//   - forward, gate: out = dtype(dtype(out_c[block] * gate) + out_s)  (no gate: dtype(out_c + out_s)),
+//     torch's two roundings (a product, then a sum, each a tensor in the dtype);
+//   - backward, gate: dgate = dtype(dout * out_c[block]) and dout_c[i] = dtype(Σ over block i's 64
+//     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order;
+//   - backward, combine: dx = dtype(dx_fine + dtype(d(x_c)[block] * (1 / size[block]))) on every
+//     slot of the block, padding slots too (FastVideo's block-mean backward); dx_fine unchanged for
+//     a block of size 0; for dq, dk and dv in one launch.
+// A unit of work is one 64-slot block of one (b, h). The element-wise passes move 16 bytes a thread
+// (the API guarantees 16-byte aligned rows); dout_c's sum takes 4 bytes a thread so that each column
+// sums its slots in order. The backward's kernels check the reserve's record first and write
+// nothing when it is not this call's.
+#include "vsa_layer/layer_common.cuh"
+
+namespace fva::dev::layer {
+namespace {
+
+constexpr int kPassThreads = 128;
+
+// ---- forward: out = out_c * gate + out_s -----------------------------------------------------------
+
+template <typename T, int D>
+__device__ __forceinline__ void gate_forward(const kern::LayerGateParams& p) {
+  constexpr int kVecPerRow = D / 8;
+  constexpr int kRowsPerPass = kPassThreads / kVecPerRow;  // 8 (D = 128) or 16 (D = 64)
+  const int64_t unit = blockIdx.x;
+  // The forward's last kernel: the reserve now holds all it records (shared/vsa_layer_params.h).
+  if (unit == 0 && threadIdx.x == 0 && p.record != nullptr) *p.record = p.record_value;
+  if (unit >= p.units) return;
+  const int i = static_cast<int>(unit % p.nq);
+  const int64_t bh = unit / p.nq;
+  const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
+  const int c = threadIdx.x % kVecPerRow, r0 = threadIdx.x / kVecPerRow;
+  float oc[8];
+  unpack8<T>(reinterpret_cast<const uint4*>(p.out_c)[(bh * p.nq + i) * kVecPerRow + c], oc);
+  const uint4* out_s = reinterpret_cast<const uint4*>(p.out_s) + (bh * p.nq + i) * 64 * kVecPerRow + c;
+  const bool gated = p.gate.data != nullptr;
+#pragma unroll 4
+  for (int r = r0; r < 64; r += kRowsPerPass) {
+    const int64_t s = static_cast<int64_t>(i) * 64 + r;
+    float os[8], o[8];
+    unpack8<T>(out_s[r * kVecPerRow], os);
+    if (gated) {
+      float gt[8];
+      unpack8<T>(*reinterpret_cast<const uint4*>(row_of(p.gate, b, h, s) + 8 * c), gt);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = rnd<T>(oc[e] * gt[e]) + os[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = oc[e] + os[e];
+    }
+    *reinterpret_cast<uint4*>(mutable_row_of(p.out, b, h, s) + 8 * c) = pack8<T>(o);
+  }
+}
+
+// ---- backward: dgate and dout_c ----------------------------------------------------------------------
+
+template <typename T, int D>
+__device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParams& p) {
+  if (!reserve_matches(p.check)) return;
+  constexpr int kThreadsPerUnit = D / 2;
+  constexpr int kUnitsPerBlock = kPassThreads / kThreadsPerUnit;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kUnitsPerBlock + threadIdx.x / kThreadsPerUnit;
+  if (unit >= p.units) return;
+  const int i = static_cast<int>(unit % p.nq);
+  const int64_t bh = unit / p.nq;
+  const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
+  const int c = threadIdx.x % kThreadsPerUnit;  // columns 2c, 2c + 1
+  const uint32_t ocw = reinterpret_cast<const uint32_t*>(p.out_c)[(bh * p.nq + i) * (D / 2) + c];
+  const float oc0 = lo<T>(ocw), oc1 = hi<T>(ocw);
+  const bool gated = p.gate.data != nullptr;
+  const int64_t s0 = static_cast<int64_t>(i) * 64;
+  const uint16_t* dout = row_of(p.dout, b, h, s0) + 2 * c;
+  const uint16_t* gate = gated ? row_of(p.gate, b, h, s0) + 2 * c : nullptr;
+  uint16_t* dgate = gated ? mutable_row_of(p.dgate, b, h, s0) + 2 * c : nullptr;
+  float sum0 = 0.0f, sum1 = 0.0f;
+  constexpr int kBatch = 8;  // slots whose loads are in flight together
+  for (int r0 = 0; r0 < 64; r0 += kBatch) {
+    uint32_t wd[kBatch], wg[kBatch];
+#pragma unroll
+    for (int r = 0; r < kBatch; ++r) {
+      wd[r] = *reinterpret_cast<const uint32_t*>(dout + (r0 + r) * p.dout.stride_s);
+      wg[r] = gated ? *reinterpret_cast<const uint32_t*>(gate + (r0 + r) * p.gate.stride_s) : 0u;
+    }
+#pragma unroll
+    for (int r = 0; r < kBatch; ++r) {
+      const float d0 = lo<T>(wd[r]), d1 = hi<T>(wd[r]);
+      if (gated) {
+        sum0 += rnd<T>(d0 * lo<T>(wg[r]));
+        sum1 += rnd<T>(d1 * hi<T>(wg[r]));
+        *reinterpret_cast<uint32_t*>(dgate + (r0 + r) * p.dgate.stride_s) = pack<T>(d0 * oc0, d1 * oc1);
+      } else {
+        sum0 += d0;
+        sum1 += d1;
+      }
+    }
+  }
+  reinterpret_cast<uint32_t*>(p.dout_c)[(bh * p.nq + i) * (D / 2) + c] = pack<T>(sum0, sum1);
+}
+
+// ---- backward: dx = dx_fine + d(x_c) / size ---------------------------------------------------------
+
+template <typename T, int D>
+__device__ __forceinline__ void combine_backward(const kern::LayerCombineParams& p) {
+  if (!reserve_matches(p.check)) return;
+  constexpr int kVecPerRow = D / 8;
+  constexpr int kRowsPerPass = kPassThreads / kVecPerRow;
+  const int64_t unit = blockIdx.x;
+  if (unit >= p.units) return;
+  int j = 0;
+#pragma unroll
+  for (int k = 1; k < 3; ++k)
+    if (unit >= p.job[k].first_unit) j = k;
+  const kern::LayerCombineJob& job = p.job[j];
+  const int64_t local = unit - job.first_unit;
+  const int block = static_cast<int>(local % job.nblocks);
+  const int64_t bh = local / job.nblocks;
+  const int b = static_cast<int>(bh / job.H), h = static_cast<int>(bh % job.H);
+  const int c = threadIdx.x % kVecPerRow, r0 = threadIdx.x / kVecPerRow;
+  const int n = block_tokens(job.sizes, job.sizes_stride, block);
+  float add[8];
+  {
+    float g[8];
+    unpack8<T>(reinterpret_cast<const uint4*>(job.coarse)[(bh * job.nblocks + block) * kVecPerRow + c], g);
+    const float inv = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;  // as block_means.cu scales
+#pragma unroll
+    for (int e = 0; e < 8; ++e) add[e] = rnd<T>(g[e] * inv);
+  }
+  const uint4* fine =
+      reinterpret_cast<const uint4*>(job.fine) + (bh * job.nblocks + block) * 64 * kVecPerRow + c;
+#pragma unroll 4
+  for (int r = r0; r < 64; r += kRowsPerPass) {
+    uint4 v = fine[r * kVecPerRow];
+    if (n > 0) {  // a block of size 0 has a constant mean: the fine gradient passes unchanged
+      float f[8];
+      unpack8<T>(v, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] += add[e];
+      v = pack8<T>(f);
+    }
+    const int64_t s = static_cast<int64_t>(block) * 64 + r;
+    *reinterpret_cast<uint4*>(mutable_row_of(job.out, b, h, s) + 8 * c) = v;
+  }
+}
+
+}  // namespace
+}  // namespace fva::dev::layer
+
+#define FVA_LAYER_PASSES(dtype, T, D)                                                          \
+  extern "C" __global__ void __launch_bounds__(128)                                           \
+      fva_layer_gate_fwd_##dtype##_d##D(const fva::kern::LayerGateParams p) {                 \
+    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
+    fva::dev::layer::gate_forward<T, D>(p);                                                    \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128)                                           \
+      fva_layer_gate_bwd_##dtype##_d##D(const fva::kern::LayerGateBackwardParams p) {         \
+    fva::dev::enter_kernel_chain();                                                            \
+    fva::dev::layer::gate_backward<T, D>(p);                                                   \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128)                                           \
+      fva_layer_combine_bwd_##dtype##_d##D(const fva::kern::LayerCombineParams p) {           \
+    fva::dev::enter_kernel_chain();                                                            \
+    fva::dev::layer::combine_backward<T, D>(p);                                                \
+  }
+FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 64)
+FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 128)
+FVA_LAYER_PASSES(f16, fva::dev::F16, 64)
+FVA_LAYER_PASSES(f16, fva::dev::F16, 128)
+#undef FVA_LAYER_PASSES

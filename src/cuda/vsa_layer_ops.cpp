@@ -1,0 +1,298 @@
+// The whole VSA layer on the CUDA backend (SPEC section 3b), executing vsa_layer_plan.h's plan with
+// the kernels of kernels/vsa_layer/ and the fine branch's VSA kernels (vsa_ops.cpp):
+//   forward:  block means (one launch for q, k, v) -> coarse attention, softmax and selection (one
+//             launch) -> the fine VSA forward over the selected lists, into the reserve -> out =
+//             out_c * gate + out_s (which also writes the reserve's record);
+//   backward: dgate and dout_c (one pass over dout) -> the coarse backward's q side, then its kv
+//             side -> the fine VSA backward into the workspace -> dq, dk, dv = fine + the block
+//             means' gradients (one launch for the three).
+// Nothing is read back on the host and nothing synchronizes: the backward's kernels check the
+// reserve's record on the device, and where it is not the record of a forward of this call's
+// problem they write nothing (the fine backward, which cannot check it, writes only workspace).
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "cuda_ops.h"
+#include "error.h"
+#include "kernel_images.h"
+#include "params.h"
+#include "vsa_layer_plan.h"
+
+namespace fva::cuda {
+namespace {
+
+std::string kernel_name(const char* op, const VsaProblem& f) {
+  return fmt::format("fva_layer_{}_{}_d{}", op, dtype_suffix(f.dtype), f.D);
+}
+
+// A contiguous descriptor over a region of the reserve or the workspace.
+fva_tensor_t contiguous_tensor(void* data, int32_t dtype, std::initializer_list<int64_t> shape) {
+  fva_tensor_t t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = static_cast<int32_t>(shape.size());
+  int i = 0;
+  for (int64_t n : shape) t.shape[i++] = n;
+  int64_t stride = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+// The reserve's regions the fine branch reads or writes, as descriptors.
+struct FineViews {
+  fva_tensor_t q2k_idx, q2k_num, out_s, lse_s;
+};
+FineViews fine_views(const VsaLayerPlan& plan, const VsaLayerProblem& p, void* reserve) {
+  const VsaProblem& f = p.fine;
+  const int64_t Sq = f.num_q_blocks * kVsaBlock;
+  const VsaLayerReserve& r = plan.reserve;
+  return {contiguous_tensor(reserve_pointer<int32_t>(reserve, r.q2k_idx), FVA_DTYPE_I32,
+                            {f.B, f.Hq, f.num_q_blocks, p.topk}),
+          contiguous_tensor(reserve_pointer<int32_t>(reserve, r.q2k_num), FVA_DTYPE_I32,
+                            {f.B, f.Hq, f.num_q_blocks}),
+          contiguous_tensor(reserve_pointer<char>(reserve, r.out_s), f.dtype, {f.B, f.Hq, Sq, f.D}),
+          contiguous_tensor(reserve_pointer<float>(reserve, r.lse_s), FVA_DTYPE_F32, {f.B, f.Hq, Sq})};
+}
+
+kern::Tensor4 optional_tensor4(const fva_tensor_t* t) {
+  return t != nullptr ? tensor4(*t) : kern::Tensor4{nullptr, 0, 0, 0};
+}
+
+}  // namespace
+
+void require_vsa_layer_support(const VsaLayerProblem& p, int32_t dtype) {
+  require_vsa_support(p.fine, dtype);
+  const VsaProblem& f = p.fine;
+  // Grids: the per-block passes run a block (or a few) per 64-token block of every head.
+  const int64_t units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
+  if (units > std::numeric_limits<int32_t>::max())
+    fail(FVA_ERR_UNSUPPORTED,
+         "q: B * (Hq * num_q_blocks + 2 * Hkv * num_kv_blocks) = {} blocks of 64 tokens is above "
+         "the CUDA backend's limit of 2^31 - 1 for the VSA layer",
+         units);
+}
+
+VsaLayerSizes vsa_layer_sizes(const fva_handle& h, const VsaLayerProblem& p) {
+  const VsaLayerPlan plan = plan_vsa_layer(h, p);
+  return {plan.workspace_bytes, plan.reserve.bytes};
+}
+
+void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_tensor_t& q,
+                       const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t* gate,
+                       const fva_tensor_t& q_block_sizes, const fva_tensor_t& kv_block_sizes,
+                       const fva_tensor_t& out, const fva_tensor_t* q2k_idx,
+                       const fva_tensor_t* q2k_num, void* reserve, void* ws, void* stream) {
+  const VsaProblem& f = p.fine;
+  const VsaLayerPlan plan = plan_vsa_layer(h, p);
+  const VsaLayerReserve& r = plan.reserve;
+  ensure_context(h.device);
+  const FineViews fine = fine_views(plan, p, reserve);
+  const int32_t nq = static_cast<int32_t>(f.num_q_blocks), nkv = static_cast<int32_t>(f.num_kv_blocks);
+  {
+    const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
+    // 1. Block means of q, k and v; the reserve's record cleared until the forward is done.
+    kern::LayerMeansParams mp{};
+    const fva_tensor_t* xs[3] = {&q, &k, &v};
+    const WorkspaceRegion* outs[3] = {&r.q_c, &r.k_c, &r.v_c};
+    int64_t first = 0;
+    for (int j = 0; j < 3; ++j) {
+      kern::LayerMeansJob& job = mp.job[j];
+      const bool is_q = j == 0;
+      const fva_tensor_t& sizes = is_q ? q_block_sizes : kv_block_sizes;
+      job.x = tensor4(*xs[j]);
+      job.out = reserve_pointer<char>(reserve, *outs[j]);
+      job.sizes = static_cast<const int32_t*>(sizes.data);
+      job.sizes_stride = sizes.strides[0];
+      job.H = static_cast<int32_t>(is_q ? f.Hq : f.Hkv);
+      job.nblocks = is_q ? nq : nkv;
+      job.first_unit = first;
+      first += f.B * job.H * job.nblocks;
+    }
+    mp.num_jobs = 3;
+    mp.B = static_cast<int32_t>(f.B);
+    mp.units = plan.mean_units;
+    mp.record_magic = &reserve_pointer<kern::LayerReserveHeader>(reserve, r.record)->magic;
+    Launch l;
+    l.grid_x = plan.mean_blocks;
+    l.block = 128;
+    launch("layer", kernel_name("means", f).c_str(), h.device, l, stream, mp);
+
+    // 2. Coarse attention, softmax, selection (and the caller's copy of the lists).
+    kern::LayerCoarseForwardParams cp{};
+    cp.q_c = reserve_pointer<char>(reserve, r.q_c);
+    cp.k_c = reserve_pointer<char>(reserve, r.k_c);
+    cp.v_c = reserve_pointer<char>(reserve, r.v_c);
+    cp.attn = reserve_pointer<char>(reserve, r.attn);
+    cp.out_c = reserve_pointer<char>(reserve, r.out_c);
+    cp.q2k_idx = reserve_pointer<int32_t>(reserve, r.q2k_idx);
+    cp.q2k_num = reserve_pointer<int32_t>(reserve, r.q2k_num);
+    if (q2k_idx != nullptr && q2k_num != nullptr) {
+      cp.user_idx = static_cast<int32_t*>(q2k_idx->data);
+      cp.user_idx_stride_b = q2k_idx->strides[0];
+      cp.user_idx_stride_h = q2k_idx->strides[1];
+      cp.user_idx_stride_qb = q2k_idx->strides[2];
+      cp.user_num = static_cast<int32_t*>(q2k_num->data);
+      cp.user_num_stride_b = q2k_num->strides[0];
+      cp.user_num_stride_h = q2k_num->strides[1];
+      cp.user_num_stride_qb = q2k_num->strides[2];
+    }
+    cp.kv_sizes = static_cast<const int32_t*>(kv_block_sizes.data);
+    cp.kv_sizes_stride = kv_block_sizes.strides[0];
+    cp.B = static_cast<int32_t>(f.B);
+    cp.Hq = static_cast<int32_t>(f.Hq);
+    cp.Hkv = static_cast<int32_t>(f.Hkv);
+    cp.nq = nq;
+    cp.nkv = nkv;
+    cp.topk = static_cast<int32_t>(p.topk);
+    cp.scale = f.scale;
+    l.grid_x = plan.coarse_q_tiles;
+    l.grid_y = static_cast<unsigned>(f.B * f.Hq);
+    l.block = kern::kLayerCoarseThreads;
+    launch("layer", kernel_name("coarse_fwd", f).c_str(), h.device, l, stream, cp);
+  }
+
+  // 3. The fine branch over the selected lists, into the reserve (its own chain).
+  vsa_forward(h, f, q, k, v, fine.q2k_idx, fine.q2k_num, kv_block_sizes, fine.out_s, fine.lse_s,
+              workspace_pointer<char>(ws, plan.forward_fine), stream);
+
+  // 4. out, and the reserve's record.
+  {
+    const LaunchChain chain(h.device, h.tuning);
+    kern::LayerGateParams gp{};
+    gp.gate = optional_tensor4(gate);
+    gp.out = tensor4(out);
+    gp.out_s = fine.out_s.data;
+    gp.out_c = reserve_pointer<char>(reserve, r.out_c);
+    gp.B = static_cast<int32_t>(f.B);
+    gp.Hq = static_cast<int32_t>(f.Hq);
+    gp.nq = nq;
+    gp.units = plan.gate_units;
+    gp.record = reserve_pointer<kern::LayerReserveHeader>(reserve, r.record);
+    VsaLayerProblem recorded = p;
+    recorded.gate = gate != nullptr;
+    gp.record_value = vsa_layer_record(recorded);
+    Launch l;
+    l.grid_x = plan.gate_blocks;
+    l.block = 128;
+    launch("layer", kernel_name("gate_fwd", f).c_str(), h.device, l, stream, gp);
+  }
+}
+
+void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva_tensor_t& q,
+                        const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t* gate,
+                        const fva_tensor_t& q_block_sizes, const fva_tensor_t& kv_block_sizes,
+                        const fva_tensor_t& dout, const void* reserve_in, const fva_tensor_t& dq,
+                        const fva_tensor_t& dk, const fva_tensor_t& dv, const fva_tensor_t* dgate,
+                        void* ws, void* stream) {
+  const VsaProblem& f = p.fine;
+  const VsaLayerPlan plan = plan_vsa_layer(h, p);
+  const VsaLayerReserve& r = plan.reserve;
+  // The kernels only read the reserve; the views are typed for both directions.
+  void* reserve = const_cast<void*>(reserve_in);
+  ensure_context(h.device);
+  const FineViews fine = fine_views(plan, p, reserve);
+  const int32_t nq = static_cast<int32_t>(f.num_q_blocks), nkv = static_cast<int32_t>(f.num_kv_blocks);
+  const int64_t Sq = f.num_q_blocks * kVsaBlock, Skv = f.num_kv_blocks * kVsaBlock;
+  VsaLayerProblem expected = p;
+  expected.gate = gate != nullptr;
+  const kern::LayerReserveCheck check{reserve_pointer<kern::LayerReserveHeader>(reserve, r.record),
+                                      vsa_layer_record(expected)};
+  void* const dout_c = workspace_pointer<char>(ws, plan.dout_c);
+  void* const dmm = workspace_pointer<char>(ws, plan.dmm);
+  void* const dq_c = workspace_pointer<char>(ws, plan.dq_c);
+  void* const dk_c = workspace_pointer<char>(ws, plan.dk_c);
+  void* const dv_c = workspace_pointer<char>(ws, plan.dv_c);
+  {
+    const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
+    // 1. dgate, and dout_c = the coarse output's gradient.
+    kern::LayerGateBackwardParams gp{};
+    gp.check = check;
+    gp.dout = tensor4(dout);
+    gp.gate = optional_tensor4(gate);
+    gp.dgate = optional_tensor4(gate != nullptr ? dgate : nullptr);
+    gp.out_c = reserve_pointer<char>(reserve, r.out_c);
+    gp.dout_c = dout_c;
+    gp.B = static_cast<int32_t>(f.B);
+    gp.Hq = static_cast<int32_t>(f.Hq);
+    gp.nq = nq;
+    gp.units = plan.gate_units;
+    Launch l;
+    l.grid_x = plan.gate_backward_blocks;
+    l.block = 128;
+    launch("layer", kernel_name("gate_bwd", f).c_str(), h.device, l, stream, gp);
+
+    // 2-3. The coarse attention's backward: its q side, then its kv side.
+    kern::LayerCoarseBackwardParams cp{};
+    cp.check = check;
+    cp.q_c = reserve_pointer<char>(reserve, r.q_c);
+    cp.k_c = reserve_pointer<char>(reserve, r.k_c);
+    cp.v_c = reserve_pointer<char>(reserve, r.v_c);
+    cp.attn = reserve_pointer<char>(reserve, r.attn);
+    cp.dout_c = dout_c;
+    cp.dmm = dmm;
+    cp.dq_c = dq_c;
+    cp.dk_c = dk_c;
+    cp.dv_c = dv_c;
+    cp.B = static_cast<int32_t>(f.B);
+    cp.Hq = static_cast<int32_t>(f.Hq);
+    cp.Hkv = static_cast<int32_t>(f.Hkv);
+    cp.nq = nq;
+    cp.nkv = nkv;
+    cp.scale = f.scale;
+    l.grid_x = plan.coarse_q_tiles;
+    l.grid_y = static_cast<unsigned>(f.B * f.Hq);
+    l.block = kern::kLayerCoarseThreads;
+    launch("layer", kernel_name("coarse_bwd_q", f).c_str(), h.device, l, stream, cp);
+    l.grid_x = plan.coarse_kv_tiles;
+    l.grid_y = static_cast<unsigned>(f.B * f.Hkv);
+    launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
+  }
+
+  // 4. The fine branch's backward, into the workspace (its own chain).
+  const fva_tensor_t dq_s = contiguous_tensor(workspace_pointer<char>(ws, plan.dq_s), f.dtype,
+                                              {f.B, f.Hq, Sq, f.D});
+  const fva_tensor_t dk_s = contiguous_tensor(workspace_pointer<char>(ws, plan.dk_s), f.dtype,
+                                              {f.B, f.Hkv, Skv, f.D});
+  const fva_tensor_t dv_s = contiguous_tensor(workspace_pointer<char>(ws, plan.dv_s), f.dtype,
+                                              {f.B, f.Hkv, Skv, f.D});
+  vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
+               kv_block_sizes, dq_s, dk_s, dv_s, workspace_pointer<char>(ws, plan.backward_fine),
+               stream);
+
+  // 5. dq, dk, dv: the fine gradients plus the block means'.
+  {
+    const LaunchChain chain(h.device, h.tuning);
+    kern::LayerCombineParams cp{};
+    cp.check = check;
+    const fva_tensor_t* fines[3] = {&dq_s, &dk_s, &dv_s};
+    void* coarse[3] = {dq_c, dk_c, dv_c};
+    const fva_tensor_t* outs[3] = {&dq, &dk, &dv};
+    int64_t first = 0;
+    for (int j = 0; j < 3; ++j) {
+      kern::LayerCombineJob& job = cp.job[j];
+      const bool is_q = j == 0;
+      const fva_tensor_t& sizes = is_q ? q_block_sizes : kv_block_sizes;
+      job.fine = fines[j]->data;
+      job.coarse = coarse[j];
+      job.out = tensor4(*outs[j]);
+      job.sizes = static_cast<const int32_t*>(sizes.data);
+      job.sizes_stride = sizes.strides[0];
+      job.H = static_cast<int32_t>(is_q ? f.Hq : f.Hkv);
+      job.nblocks = is_q ? nq : nkv;
+      job.first_unit = first;
+      first += f.B * job.H * job.nblocks;
+    }
+    cp.B = static_cast<int32_t>(f.B);
+    cp.units = plan.combine_units;
+    Launch l;
+    l.grid_x = plan.combine_blocks;
+    l.block = 128;
+    launch("layer", kernel_name("combine_bwd", f).c_str(), h.device, l, stream, cp);
+  }
+}
+
+}  // namespace fva::cuda

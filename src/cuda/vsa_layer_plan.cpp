@@ -1,0 +1,96 @@
+#include "vsa_layer_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda_ops.h"
+#include "params.h"
+
+namespace fva::cuda {
+namespace {
+
+// Threads of the per-block passes' blocks (kernels/vsa_layer/block_means.cu, gate.cu) and the
+// units one block holds: a unit of D / 2 threads for the means and dout_c (a column pair each), a
+// block per unit for the 16-byte passes.
+constexpr int64_t kPassThreads = 128;
+int64_t pair_units_per_block(int64_t D) { return kPassThreads / (D / 2); }
+
+}  // namespace
+
+VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
+  const VsaProblem& f = p.fine;
+  const size_t es = 2;  // bf16 / f16
+  const size_t B = static_cast<size_t>(f.B), Hq = static_cast<size_t>(f.Hq),
+               Hkv = static_cast<size_t>(f.Hkv), nq = static_cast<size_t>(f.num_q_blocks),
+               nkv = static_cast<size_t>(f.num_kv_blocks), D = static_cast<size_t>(f.D),
+               topk = static_cast<size_t>(p.topk);
+  const size_t Sq = nq * static_cast<size_t>(kVsaBlock), Skv = nkv * static_cast<size_t>(kVsaBlock);
+  VsaLayerPlan plan;
+
+  WorkspaceLayout r;
+  VsaLayerReserve& res = plan.reserve;
+  res.record = r.add<kern::LayerReserveHeader>(1);
+  res.q_c = r.add<char>(es * B * Hq * nq * D);
+  res.k_c = r.add<char>(es * B * Hkv * nkv * D);
+  res.v_c = r.add<char>(es * B * Hkv * nkv * D);
+  res.attn = r.add<char>(es * B * Hq * nq * nkv);
+  res.out_c = r.add<char>(es * B * Hq * nq * D);
+  res.q2k_idx = r.add<int32_t>(B * Hq * nq * topk);
+  res.q2k_num = r.add<int32_t>(B * Hq * nq);
+  res.out_s = r.add<char>(es * B * Hq * Sq * D);
+  res.lse_s = r.add<float>(B * Hq * Sq);
+  res.bytes = r.bytes() - kWorkspaceBasePad;  // from the reserve's start: no alignment pad
+
+  WorkspaceLayout fw;
+  const size_t fine_forward = vsa_forward_workspace(h, f);
+  if (fine_forward > 0) plan.forward_fine = fw.add<char>(fine_forward);
+  plan.forward_workspace = fw.bytes();
+
+  WorkspaceLayout bw;
+  // Its own layout aligns from its start, which a region's 64-byte boundary keeps.
+  plan.backward_fine = bw.add<char>(vsa_backward_workspace(h, f));
+  plan.dq_s = bw.add<char>(es * B * Hq * Sq * D);
+  plan.dk_s = bw.add<char>(es * B * Hkv * Skv * D);
+  plan.dv_s = bw.add<char>(es * B * Hkv * Skv * D);
+  plan.dout_c = bw.add<char>(es * B * Hq * nq * D);
+  plan.dmm = bw.add<char>(es * B * Hq * nq * nkv);
+  plan.dq_c = bw.add<char>(es * B * Hq * nq * D);
+  plan.dk_c = bw.add<char>(es * B * Hkv * nkv * D);
+  plan.dv_c = bw.add<char>(es * B * Hkv * nkv * D);
+  plan.backward_workspace = bw.bytes();
+  plan.workspace_bytes = std::max(plan.forward_workspace, plan.backward_workspace);
+
+  const int64_t per_pair_block = pair_units_per_block(f.D);
+  plan.mean_units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
+  plan.gate_units = f.B * f.Hq * f.num_q_blocks;
+  plan.combine_units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
+  plan.mean_blocks = blocks_for(plan.mean_units, per_pair_block);
+  plan.gate_blocks = static_cast<unsigned>(plan.gate_units);
+  plan.gate_backward_blocks = blocks_for(plan.gate_units, per_pair_block);
+  plan.combine_blocks = static_cast<unsigned>(plan.combine_units);
+  plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);
+  plan.coarse_kv_tiles = blocks_for(f.num_kv_blocks, kern::kLayerCoarseRows);
+  return plan;
+}
+
+kern::LayerReserveHeader vsa_layer_record(const VsaLayerProblem& p) {
+  const VsaProblem& f = p.fine;
+  kern::LayerReserveHeader r;
+  std::memset(&r, 0, sizeof r);
+  r.magic = kern::kLayerReserveMagic;
+  r.version = kern::kLayerReserveVersion;
+  r.dtype = f.dtype;
+  r.gate = p.gate ? 1 : 0;
+  r.B = f.B;
+  r.Hq = f.Hq;
+  r.Hkv = f.Hkv;
+  r.nq = f.num_q_blocks;
+  r.nkv = f.num_kv_blocks;
+  r.D = f.D;
+  r.topk = p.topk;
+  std::memcpy(&r.scale_bits, &f.scale, sizeof r.scale_bits);
+  r.reserved = 0;
+  return r;
+}
+
+}  // namespace fva::cuda
