@@ -35,7 +35,8 @@ for name in ("numpy", "ml_dtypes", "pytest", "cffi", "torch", "jax", "cupy"):
         print(f"{name}: not available ({type(e).__name__}: {e})")
 PY
 cd "$root/bindings/python"
-suites=(tests/test_numpy_ops.py tests/test_errors.py tests/test_golden.py tests/test_jax.py)
+suites=(tests/test_numpy_ops.py tests/test_errors.py tests/test_golden.py tests/test_jax.py
+        tests/test_vsa_layer.py tests/test_jax_vsa_layer.py)
 # The cffi suite and the README's examples (one of them is the cffi example) need cffi.
 python3 -c "import cffi" 2>/dev/null && suites+=(tests/test_cffi.py tests/test_readme.py)
 # The CPU suites with JAX on its CPU platform (they test the CPU backend, whose head dims the CUDA

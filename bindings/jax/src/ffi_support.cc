@@ -126,6 +126,22 @@ ffi::Error make_operand(const char* name, const ffi::AnyBuffer& b, int base_rank
   return ffi::Error::Success();
 }
 
+ffi::Error make_bytes(const char* name, const ffi::AnyBuffer& b, bool is_output, Operand* out) {
+  if (b.element_type() != ffi::DataType::U8)
+    return ffi::Error::InvalidArgument(std::string(name) + ": element type must be uint8 (raw bytes)");
+  out->name = name;
+  out->data = static_cast<char*>(b.untyped_data());
+  out->dtype = 0;  // not an fvattn tensor: passed on as (data, bytes)
+  out->esize = 1;
+  out->base_rank = 1;
+  out->is_output = is_output;
+  const auto dims = b.dimensions();
+  out->dims.assign(dims.begin(), dims.end());
+  if (out->dims.empty())
+    return ffi::Error::InvalidArgument(std::string(name) + ": rank is 0 but must be 1");
+  return ffi::Error::Success();
+}
+
 ffi::Error Batch::of(const Operand& shape_from, const std::vector<const Operand*>& all, Batch* out) {
   const size_t lead = shape_from.dims.size() - shape_from.base_rank;
   out->lead_.assign(shape_from.dims.begin(), shape_from.dims.begin() + lead);

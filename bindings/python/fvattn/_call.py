@@ -17,9 +17,13 @@ def _describe_kind(obj):
 
 class Call:
     """inputs: dict name -> array (None entries are skipped). All arrays must be of one kind and
-    on one device; that decides the backend (CPU or CUDA) and the stream."""
+    on one device; that decides the backend (CPU or CUDA) and the stream. byte_inputs: dict name ->
+    1-D uint8 array of the same kind and device, passed to the library as (pointer, bytes) rather
+    than as a tensor (the VSA layer's reserve)."""
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, byte_inputs=None):
+        byte_names = set(byte_inputs or ())
+        inputs = dict(inputs, **(byte_inputs or {}))
         items = [(n, a) for n, a in inputs.items() if a is not None]
         first_name, first = items[0]
         if fw.NumpyKind.matches(first):
@@ -51,7 +55,8 @@ class Call:
         backend, device = self.kind.device
         self.handle = _handles.get(backend, device)
         self.stream = self.kind.stream
-        self.desc = {name: self.kind.describe(name, a) for name, a in items}
+        self.desc = {name: self.kind.describe(name, a) for name, a in items if name not in byte_names}
+        self.bytes = {name: self.kind.byte_pointer(name, a) for name, a in items if name in byte_names}
         self._keep = []
 
     def t(self, name):
@@ -71,6 +76,13 @@ class Call:
         arr = self.kind.empty(tuple(shape), code)
         self.arrays[name] = arr
         self.desc[name] = self.kind.describe(name, arr)
+        return arr
+
+    def byte_output(self, name, nbytes):
+        """A new 1-D uint8 output of nbytes (256-byte aligned data); self.bytes[name] = (ptr, n)."""
+        arr = self.kind.byte_buffer(nbytes)
+        self.arrays[name] = arr
+        self.bytes[name] = self.kind.byte_pointer(name, arr)
         return arr
 
     def workspace(self, nbytes):

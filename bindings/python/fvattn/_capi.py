@@ -58,9 +58,15 @@ class Nvfp4ConfigC(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("scale_mode", c_int32), ("tile_tokens", c_int32)]
 
 
+class VsaLayerConfigC(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("softmax_scale", c_float), ("block_size", c_int32),
+                ("topk", c_int32)]
+
+
 _T = POINTER(Tensor)
 _H = c_void_p  # fva_handle_t
 _QC, _VC, _NC = POINTER(QatConfigC), POINTER(VsaConfigC), POINTER(Nvfp4ConfigC)
+_LC = POINTER(VsaLayerConfigC)
 _SZ = POINTER(c_size_t)
 
 # name: (restype, argtypes)
@@ -88,6 +94,20 @@ _PROTOTYPES = {
     "fva_vsa_invert_indices": (c_int32, [_H, _T, _T, _T, _T, c_void_p, c_size_t, c_void_p]),
 }
 
+# Entry points added after the first release of ABI 1 (the whole VSA layer): declared when the loaded
+# library has them, so that an older libfvattn.so.1 still serves every other operation; calling one
+# it lacks raises fvattn.Error (FVA_ERR_UNSUPPORTED) naming the symbol (see entry()).
+_LATER_PROTOTYPES = {
+    "fva_vsa_layer_sizes": (c_int32, [_H, _LC, _T, _T, _T, _SZ, _SZ]),
+    "fva_vsa_layer_forward": (c_int32, [_H, _LC, _T, _T, _T, _T, _T, _T, _T, _T, _T, c_void_p,
+                                        c_size_t, c_void_p, c_size_t, c_void_p]),
+    "fva_vsa_layer_backward": (c_int32, [_H, _LC, _T, _T, _T, _T, _T, _T, _T, c_void_p, c_size_t,
+                                         _T, _T, _T, _T, c_void_p, c_size_t, c_void_p]),
+    "fva_vsa_tile_plan": (c_int32, [POINTER(c_int64), POINTER(c_int32), POINTER(c_int64),
+                                    POINTER(c_int32), POINTER(c_int64)]),
+}
+_missing = set()
+
 _lib = None
 
 
@@ -100,12 +120,29 @@ def lib():
         for name, (restype, argtypes) in _PROTOTYPES.items():
             fn = getattr(handle, name)
             fn.restype, fn.argtypes = restype, argtypes
+        for name, (restype, argtypes) in _LATER_PROTOTYPES.items():
+            try:
+                fn = getattr(handle, name)
+            except AttributeError:
+                _missing.add(name)
+                continue
+            fn.restype, fn.argtypes = restype, argtypes
         abi = handle.fva_abi_version()
         if abi != ABI_VERSION:
             raise Error(None, "FVATTN_ABI_MISMATCH",
                         f"{path} has ABI version {abi}; these bindings speak version {ABI_VERSION}")
         _lib = handle
     return _lib
+
+
+def entry(name):
+    """The library function `name`; fvattn.Error (FVA_ERR_UNSUPPORTED) when the loaded library is
+    older than it."""
+    handle = lib()
+    if name in _missing:
+        raise Error(2, "FVA_ERR_UNSUPPORTED",
+                    f"{_library.core()[1]} has no {name} (a libfvattn older than these bindings)")
+    return getattr(handle, name)
 
 
 def check(status):

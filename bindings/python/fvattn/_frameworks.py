@@ -94,6 +94,17 @@ class NumpyKind:
         buf = aligned_numpy_empty((max(nbytes, 1),), np.uint8)
         return buf, buf.ctypes.data
 
+    def byte_buffer(self, nbytes):
+        """A new uint8 array of nbytes whose data is _ALIGN-aligned (the VSA layer's reserve)."""
+        return aligned_numpy_empty((nbytes,), np.uint8)
+
+    def byte_pointer(self, name, arr):
+        """(pointer, bytes) of a 1-D contiguous uint8 array of this kind."""
+        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
+            raise invalid_argument(f"{name}: must be a 1-D contiguous uint8 array (the one the "
+                                   f"forward returned); got {arr.dtype} of shape {arr.shape}")
+        return arr.ctypes.data, arr.nbytes
+
     stream = None
 
     def wrap_output(self, arr):
@@ -149,6 +160,17 @@ class TorchKind:
         ptr = buf.data_ptr()
         return buf, ptr + (-ptr) % _ALIGN
 
+    def byte_buffer(self, nbytes):
+        buf = self.torch.empty(max(nbytes, 1) + _ALIGN, dtype=self.torch.uint8, device=self.dev)
+        off = (-buf.data_ptr()) % _ALIGN
+        return buf[off:off + nbytes]
+
+    def byte_pointer(self, name, t):
+        if t.dtype != self.torch.uint8 or t.dim() != 1 or not t.is_contiguous():
+            raise invalid_argument(f"{name}: must be a 1-D contiguous uint8 tensor (the one the "
+                                   f"forward returned); got {t.dtype} of shape {tuple(t.shape)}")
+        return t.data_ptr(), t.numel()
+
     def wrap_output(self, t):
         return t
 
@@ -190,6 +212,18 @@ class CupyKind:
         with self.dev:
             buf = self.cupy.empty(max(nbytes, 1), dtype=self.cupy.uint8)
         return buf, buf.data.ptr
+
+    def byte_buffer(self, nbytes):
+        with self.dev:
+            buf = self.cupy.empty(max(nbytes, 1) + _ALIGN, dtype=self.cupy.uint8)
+        off = (-buf.data.ptr) % _ALIGN
+        return buf[off:off + nbytes]
+
+    def byte_pointer(self, name, arr):
+        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
+            raise invalid_argument(f"{name}: must be a 1-D contiguous uint8 array (the one the "
+                                   f"forward returned); got {arr.dtype} of shape {arr.shape}")
+        return arr.data.ptr, arr.nbytes
 
     def wrap_output(self, arr):
         return arr

@@ -1,14 +1,16 @@
-"""QatConfig and VsaConfig: Python mirrors of fva_qat_config_t and fva_vsa_config_t.
+"""QatConfig, VsaConfig, Nvfp4Config and VsaLayerConfig: Python mirrors of the C configs.
 
 Defaults are the C initializers' (FVA_QAT_CONFIG_INIT: FastVideo's production preset). Values are
 passed to the library as they are, so a value out of range is reported by the library's own check
 (e.g. "cfg->p_scale is 5 but must be ..."), as fvattn.Error.
 """
 import dataclasses
+import math
+import numbers
 from typing import Optional, Union
 
 from . import _capi
-from ._errors import invalid_argument
+from ._errors import Error, invalid_argument
 
 _SCALES = {"block": _capi.SCALE_BLOCK, "tile": _capi.SCALE_TILE, "row": _capi.SCALE_ROW}
 
@@ -85,3 +87,38 @@ class Nvfp4Config:
         return _capi.Nvfp4ConfigC(struct_size=_capi.ctypes.sizeof(_capi.Nvfp4ConfigC),
                                   scale_mode=_scale_code("scale_mode", self.scale_mode),
                                   tile_tokens=int(self.tile_tokens))
+
+
+@dataclasses.dataclass
+class VsaLayerConfig:
+    """The whole VSA layer's configuration (fva_vsa_layer_config_t): topk, the kv blocks each q
+    block attends (>= 1; more than the kv block count means all); softmax_scale None (or 0) for
+    1/sqrt(D), for the coarse and the fine attention alike; block_size 64, the only value the library
+    supports."""
+    topk: int
+    softmax_scale: Optional[float] = None
+    block_size: int = 64
+
+    def to_c(self):
+        topk = int(self.topk)
+        if not -2**31 <= topk < 2**31:
+            raise invalid_argument(f"cfg->topk is {topk} but must be >= 1 (and fit in int32)")
+        return _capi.VsaLayerConfigC(struct_size=_capi.ctypes.sizeof(_capi.VsaLayerConfigC),
+                                     softmax_scale=_scale(self.softmax_scale),
+                                     block_size=int(self.block_size), topk=topk)
+
+
+def block_tokens(block_size):
+    """Tokens per block of FastVideo's video_sparse_attn block_size argument: a tuple (4, 4, 4) is a
+    4x4x4 tile; an int b the cube (b, b, b), as FastVideo reads it, except 64 itself, also taken as
+    64 tokens (the default's and docs/SPEC.md's meaning; FastVideo's cube reading of it, 262144-token
+    blocks, no model uses, and its block-size vectors, one entry per 262144 tokens, cannot pass for
+    ours). fvattn supports 64-token blocks only: anything else raises fvattn.Error."""
+    if isinstance(block_size, numbers.Integral):
+        n = 64 if block_size == 64 else int(block_size) ** 3
+    else:
+        n = math.prod(int(b) for b in block_size)
+    if n != 64:
+        raise Error(2, "FVA_ERR_UNSUPPORTED", f"block_size {block_size!r} makes {n}-token blocks; fvattn "
+                    "supports 64-token blocks only ((4, 4, 4) tiles)")
+    return n

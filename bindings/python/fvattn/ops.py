@@ -4,12 +4,17 @@ and workspace through the inputs' framework, calls the library, and raises fvatt
 JAX arrays go to fvattn.jax instead (the same library calls as XLA custom calls), so XLA keeps
 owning their memory and stream.
 """
+import collections
 import ctypes
+import functools
+
+import numpy as np
 
 from . import _capi
 from ._call import Call
+from ._errors import invalid_argument
 from ._frameworks import is_jax_array
-from .config import Nvfp4Config, QatConfig, VsaConfig
+from .config import Nvfp4Config, QatConfig, VsaConfig, VsaLayerConfig
 
 
 def _jax_inputs(*arrays):
@@ -134,3 +139,129 @@ def nvfp4_fake_quantize(x, config=None):
     c.output("y", c.shape("x"), c.dtype("x"))
     _capi.check(lib.fva_nvfp4_fake_quantize(c.handle, ctypes.byref(cfg), c.t("x"), c.t("y"), c.stream))
     return c.result("y")
+
+
+# ---- the whole VSA layer (FastVideo's video_sparse_attn) -----------------------------------------
+
+VsaLayerResult = collections.namedtuple("VsaLayerResult", "out reserve q2k_idx q2k_num")
+VsaLayerResult.__doc__ = """What fvattn.video_sparse_attn returns: out [B, Hq, Sq, D] (q's dtype); reserve,
+a 1-D uint8 array of the inputs' kind holding what the backward needs (keep it unchanged, pass it
+to video_sparse_attn_backward); q2k_idx int32 [B, Hq, nq, min(topk, nkv)] and q2k_num int32
+[B, Hq, nq], the selected kv blocks of each q block, ascending (None unless return_indices)."""
+
+
+def _layer_config(topk, softmax_scale):
+    return VsaLayerConfig(topk=topk, softmax_scale=softmax_scale).to_c()
+
+
+def _layer_sizes(lib, c, cfg):
+    ws, reserve = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _capi.check(_capi.entry("fva_vsa_layer_sizes")(c.handle, ctypes.byref(cfg), c.t("q"), c.t("k"),
+                                                    c.t("v"), ctypes.byref(ws), ctypes.byref(reserve)))
+    return ws.value, reserve.value
+
+
+def video_sparse_attn(q, k, v, kv_block_sizes, q_block_sizes, topk, gate=None, *, softmax_scale=None,
+                      return_indices=False):
+    """The whole VSA layer, forward (fva_vsa_layer_forward; docs/SPEC.md section 3b): block means,
+    coarse attention over the blocks, the topk kv blocks of highest coarse score per q block, the
+    fine block-sparse attention over them, and out = out_c[block] * gate + out_s (without gate:
+    out_c[block] + out_s).
+
+    q [B, Hq, 64*nq, D], k and v [B, Hkv, 64*nkv, D] (bf16 or f16, D 64 or 128, Hq a multiple of
+    Hkv), gate like q or None, kv_block_sizes int32 [nkv] and q_block_sizes int32 [nq] (real tokens
+    per block, which fill its first slots: vsa_tile_plan's block_sizes), topk >= 1 (more than nkv:
+    all), softmax_scale None for 1/sqrt(D). Returns a VsaLayerResult (out, reserve, q2k_idx,
+    q2k_num); the reserve is what video_sparse_attn_backward needs."""
+    if _jax_inputs(q, k, v, gate, kv_block_sizes, q_block_sizes):
+        from .jax import _primitives
+        return _primitives.vsa_layer_forward(q, k, v, kv_block_sizes, q_block_sizes, topk, gate,
+                                             softmax_scale, return_indices)
+    lib, cfg = _capi.lib(), _layer_config(topk, softmax_scale)
+    c = Call({"q": q, "k": k, "v": v, "gate": gate, "q_block_sizes": q_block_sizes,
+              "kv_block_sizes": kv_block_sizes})
+    ws_bytes, reserve_bytes = _layer_sizes(lib, c, cfg)
+    qs = c.shape("q")
+    c.output("out", qs, c.dtype("q"))
+    if return_indices:
+        nq, nkv = qs[2] // cfg.block_size, c.shape("k")[2] // cfg.block_size
+        c.output("q2k_idx", qs[:2] + (nq, max(1, min(cfg.topk, nkv))), _capi.DTYPE_I32)
+        c.output("q2k_num", qs[:2] + (nq,), _capi.DTYPE_I32)
+    c.byte_output("reserve", reserve_bytes)
+    ws, ws_bytes = c.workspace(ws_bytes)
+    reserve_ptr, _ = c.bytes["reserve"]
+    _capi.check(_capi.entry("fva_vsa_layer_forward")(
+        c.handle, ctypes.byref(cfg), c.t("q"), c.t("k"), c.t("v"), c.t("gate"), c.t("q_block_sizes"),
+        c.t("kv_block_sizes"), c.t("out"), c.t("q2k_idx"), c.t("q2k_num"), reserve_ptr,
+        reserve_bytes, ws, ws_bytes, c.stream))
+    return VsaLayerResult(c.result("out"), c.result("reserve"),
+                          c.result("q2k_idx") if return_indices else None,
+                          c.result("q2k_num") if return_indices else None)
+
+
+def video_sparse_attn_backward(q, k, v, kv_block_sizes, q_block_sizes, topk, dout, reserve, gate=None,
+                               *, softmax_scale=None):
+    """The whole VSA layer, backward (fva_vsa_layer_backward): the forward's inputs and topk (and
+    softmax_scale), its reserve, and dout like q. Returns (dq, dk, dv, dgate), dgate None without a
+    gate. The selection is not differentiated (SPEC 3b); a reserve from another call's shapes,
+    config or gate raises fvattn.Error."""
+    if _jax_inputs(q, k, v, gate, kv_block_sizes, q_block_sizes, dout, reserve):
+        from .jax import _primitives
+        return _primitives.vsa_layer_backward(q, k, v, kv_block_sizes, q_block_sizes, topk, dout,
+                                              reserve, gate, softmax_scale)
+    lib, cfg = _capi.lib(), _layer_config(topk, softmax_scale)
+    c = Call({"q": q, "k": k, "v": v, "gate": gate, "q_block_sizes": q_block_sizes,
+              "kv_block_sizes": kv_block_sizes, "dout": dout}, byte_inputs={"reserve": reserve})
+    ws_bytes, _ = _layer_sizes(lib, c, cfg)
+    for g, x in (("dq", "q"), ("dk", "k"), ("dv", "v")) + ((("dgate", "gate"),) if gate is not None else ()):
+        c.output(g, c.shape(x), c.dtype(x))
+    ws, ws_bytes = c.workspace(ws_bytes)
+    reserve_ptr, reserve_bytes = c.bytes["reserve"]
+    _capi.check(_capi.entry("fva_vsa_layer_backward")(
+        c.handle, ctypes.byref(cfg), c.t("q"), c.t("k"), c.t("v"), c.t("gate"), c.t("q_block_sizes"),
+        c.t("kv_block_sizes"), c.t("dout"), reserve_ptr, reserve_bytes, c.t("dq"), c.t("dk"),
+        c.t("dv"), c.t("dgate"), ws, ws_bytes, c.stream))
+    return (c.result("dq"), c.result("dk"), c.result("dv"),
+            c.result("dgate") if gate is not None else None)
+
+
+TilePlan = collections.namedtuple("TilePlan", "grid tile slot_of_token token_of_slot block_sizes")
+TilePlan.__doc__ = """Where the tokens of a (T, H, W) grid go in FastVideo's tiled, padded sequence
+(fva_vsa_tile_plan), as read-only NumPy arrays:
+  slot_of_token int64 [T*H*W]: the slot of token (t, h, w), at index (t*H + h)*W + w;
+  token_of_slot int64 [num_blocks * prod(tile)]: its inverse, -1 for a padding slot;
+  block_sizes int32 [num_blocks]: real tokens per block (the layer's q/kv block sizes)."""
+
+
+def _grid3(name, values):
+    try:
+        out = tuple(int(x) for x in values)
+    except TypeError:
+        raise invalid_argument(f"{name}: expected 3 integers (T, H, W), got {values!r}") from None
+    if len(out) != 3:
+        raise invalid_argument(f"{name}: expected 3 integers, got {len(out)}: {values!r}")
+    return out
+
+
+def vsa_tile_plan(grid, tile=(4, 4, 4)):
+    """The TilePlan of a (T, H, W) token grid cut into tiles of `tile` (FastVideo's (4, 4, 4): one
+    64-token block per tile), from fva_vsa_tile_plan; computed once per (grid, tile) and cached."""
+    return _tile_plan(_grid3("grid", grid), _grid3("tile", tile))
+
+
+@functools.lru_cache(maxsize=64)
+def _tile_plan(grid, tile):
+    fn = _capi.entry("fva_vsa_tile_plan")
+    dims = (ctypes.c_int64 * 3)(*grid)
+    tiles = (ctypes.c_int32 * 3)(*tile)
+    n = ctypes.c_int64(0)
+    _capi.check(fn(dims, tiles, None, None, ctypes.byref(n)))
+    slot_of_token = np.empty(grid[0] * grid[1] * grid[2], np.int64)
+    block_sizes = np.empty(n.value, np.int32)
+    _capi.check(fn(dims, tiles, slot_of_token.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                   block_sizes.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), ctypes.byref(n)))
+    token_of_slot = np.full(n.value * tile[0] * tile[1] * tile[2], -1, np.int64)
+    token_of_slot[slot_of_token] = np.arange(slot_of_token.size)
+    for a in (slot_of_token, token_of_slot, block_sizes):
+        a.flags.writeable = False
+    return TilePlan(grid, tile, slot_of_token, token_of_slot, block_sizes)

@@ -5,16 +5,23 @@ switches by changing an import:
     o = attention(q, k, v, causal, sm_scale)                 # same positional and keyword arguments
     from fvattn.torch import block_sparse_attn_from_indices  # VSA
     o, lse = block_sparse_attn_from_indices(q, k, v, q2k_idx, q2k_num, variable_block_sizes)
+    from fvattn.torch import video_sparse_attn               # the whole VSA layer
+    out = video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes, topk,
+                            block_size=(4, 4, 4), compress_attn_weight=gate)
+    from fvattn.torch import tile, untile, tile_block_sizes  # FastVideo's 4x4x4 tiling, padded
+    q = tile(q, (T, H, W)); sizes = tile_block_sizes((T, H, W), q.device); o = untile(o, (T, H, W))
 
 CUDA tensors run on their device with torch's current stream, CPU tensors on the library's CPU
 backend. Backward is the library's (FastVideo's gradients: straight through the quantizers).
 Importing this module needs PyTorch; `import fvattn` does not.
 """
+import threading
+
 import torch
 
 from . import ops
-from ._errors import Error
-from .config import QatConfig, VsaConfig
+from ._errors import Error, invalid_argument
+from .config import QatConfig, VsaConfig, block_tokens
 
 
 class QatAttentionFunction(torch.autograd.Function):
@@ -94,5 +101,110 @@ def block_sparse_attn_from_indices(q, k, v, q2k_idx, q2k_num, variable_block_siz
                              VsaConfig(softmax_scale=sm_scale))
 
 
-__all__ = ["attention", "qat_attention", "block_sparse_attn_from_indices", "QatAttentionFunction",
-           "VsaFunction"]
+class VsaLayerFunction(torch.autograd.Function):
+    """out = the whole VSA layer (fvattn.video_sparse_attn); backward by fva_vsa_layer_backward on the
+    forward's reserve. Arguments: q, k, v, gate (or None), kv_block_sizes, q_block_sizes, topk,
+    softmax_scale (None: 1/sqrt(D)). The block sizes and topk get no gradient (SPEC 3b: the
+    selection is not differentiated)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate, kv_block_sizes, q_block_sizes, topk, softmax_scale):
+        kv_bs, q_bs = _block_sizes(kv_block_sizes, q), _block_sizes(q_block_sizes, q)
+        result = ops.video_sparse_attn(q, k, v, kv_bs, q_bs, topk, gate, softmax_scale=softmax_scale)
+        ctx.save_for_backward(q, k, v, gate, kv_bs, q_bs, result.reserve)
+        ctx.topk, ctx.softmax_scale = topk, softmax_scale
+        return result.out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, gate, kv_bs, q_bs, reserve = ctx.saved_tensors
+        dq, dk, dv, dgate = ops.video_sparse_attn_backward(
+            q, k, v, kv_bs, q_bs, ctx.topk, dout.contiguous(), reserve, gate,
+            softmax_scale=ctx.softmax_scale)
+        return dq, dk, dv, dgate, None, None, None, None
+
+
+def _block_sizes(sizes, like):
+    # FastVideo builds its block sizes as int32 or int64 tensors on the model's device; the library
+    # reads int32 on the device of q.
+    if not isinstance(sizes, torch.Tensor):
+        sizes = torch.as_tensor(sizes)
+    return sizes.to(device=like.device, dtype=torch.int32).contiguous()
+
+
+def video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, block_size=64,
+                      compress_attn_weight=None):
+    """FastVideo's `video_sparse_attn` (fastvideo_kernel), same arguments, defaults and result: the
+    whole VSA layer over [B, H, S, D] tensors, S a multiple of 64 (tiled with tile()), bf16 or f16,
+    D 64 or 128 (GQA too: H of q a multiple of H of k, v). variable_block_sizes [nkv] and
+    q_variable_block_sizes [nq]: real tokens of each kv / q block (tile_block_sizes()); topk: kv
+    blocks each q block attends; block_size: (4, 4, 4) (or 64); compress_attn_weight: the gate, like
+    q, or None. Returns out like q: out_c[block] * gate + out_s (without gate: out_c[block] + out_s).
+    Differentiable in q, k, v and the gate; where FastVideo's torch code would compute NaN (a block
+    of size 0), the library defines the result (docs/SPEC.md section 3b)."""
+    block_tokens(block_size)
+    return VsaLayerFunction.apply(q, k, v, compress_attn_weight, variable_block_sizes,
+                                  q_variable_block_sizes, int(topk), None)
+
+
+# ---- FastVideo's tiling of a (T, H, W) latent ----------------------------------------------------
+
+_plan_lock = threading.Lock()
+_plan_tensors = {}
+
+
+def _plan(grid, tile_size, device):
+    """(slot_of_token int64, block_sizes int32) tensors on `device`, from ops.vsa_tile_plan (one
+    fva_vsa_tile_plan call per grid), cached per (grid, tile, device)."""
+    plan = ops.vsa_tile_plan(grid, tile_size)
+    key = (plan.grid, plan.tile, str(device))
+    with _plan_lock:
+        cached = _plan_tensors.get(key)
+        if cached is None:
+            cached = _plan_tensors[key] = (
+                torch.from_numpy(plan.slot_of_token.copy()).to(device),
+                torch.from_numpy(plan.block_sizes.copy()).to(device))
+        return plan, cached
+
+
+def _seq_dim(x, dim):
+    if not -x.dim() <= dim < x.dim():
+        raise invalid_argument(f"x: dim {dim} is out of range for a tensor of rank {x.dim()}")
+    return dim % x.dim()
+
+
+def tile(x, grid, dim=-2, tile_size=(4, 4, 4)):
+    """FastVideo's tiling of a (T, H, W) latent's tokens: x holds T*H*W tokens in (t, h, w) order
+    along `dim` (-2: [B, H, S, D] as the layer takes, or [B, S, C]; 1 for FastVideo's [B, S, H, D]);
+    returns them cut into tile_size tiles, tiles in (t, h, w) order, each tile's tokens in (t, h, w)
+    order in the first slots of its block of prod(tile_size) slots, the rest zero. Differentiable.
+    Its length along dim is 64 * len(tile_block_sizes(grid))."""
+    d = _seq_dim(x, dim)
+    plan, (slot_of_token, _) = _plan(grid, tile_size, x.device)
+    if x.shape[d] != slot_of_token.numel():
+        raise invalid_argument(f"x: shape[{d}] is {x.shape[d]} but the grid {plan.grid} has "
+                               f"{slot_of_token.numel()} tokens")
+    shape = list(x.shape)
+    shape[d] = plan.token_of_slot.size
+    return x.new_zeros(shape).index_copy(d, slot_of_token, x)
+
+
+def untile(x, grid, dim=-2, tile_size=(4, 4, 4)):
+    """The inverse of tile(): the grid's T*H*W tokens back in (t, h, w) order along `dim`, the
+    padding slots dropped. Differentiable."""
+    d = _seq_dim(x, dim)
+    plan, (slot_of_token, _) = _plan(grid, tile_size, x.device)
+    if x.shape[d] != plan.token_of_slot.size:
+        raise invalid_argument(f"x: shape[{d}] is {x.shape[d]} but the tiled grid {plan.grid} has "
+                               f"{plan.token_of_slot.size} slots")
+    return x.index_select(d, slot_of_token)
+
+
+def tile_block_sizes(grid, device=None, tile_size=(4, 4, 4)):
+    """int32 [num_blocks]: the real tokens of each block of tile(x, grid), the variable_block_sizes
+    (and q_variable_block_sizes) to pass to video_sparse_attn."""
+    return _plan(grid, tile_size, torch.device("cpu") if device is None else device)[1][1].clone()
+
+
+__all__ = ["attention", "qat_attention", "block_sparse_attn_from_indices", "video_sparse_attn", "tile",
+           "untile", "tile_block_sizes", "QatAttentionFunction", "VsaFunction", "VsaLayerFunction"]

@@ -32,10 +32,12 @@ endfunction()
 
 fvattn_pytest(python_numpy numpy,pytest,ml_dtypes
   FILES tests/test_numpy_ops.py tests/test_errors.py tests/test_library_loading.py)
+fvattn_pytest(python_vsa_layer numpy,pytest,ml_dtypes FILES tests/test_vsa_layer.py)
 fvattn_pytest(python_golden numpy,pytest,ml_dtypes FILES tests/test_golden.py)
 fvattn_pytest(python_cffi numpy,pytest,ml_dtypes,cffi FILES tests/test_cffi.py)
 fvattn_pytest(python_package numpy,pytest,ml_dtypes,setuptools,wheel,pip FILES tests/test_package.py)
-fvattn_pytest(python_jax numpy,pytest,ml_dtypes,jax REQUIRES_ENV FVATTN_JAX_LIBRARY FILES tests/test_jax.py)
+fvattn_pytest(python_jax numpy,pytest,ml_dtypes,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
+  FILES tests/test_jax.py tests/test_jax_vsa_layer.py)
 # The README's examples (its torch example skips, saying so, where PyTorch is not installed).
 fvattn_pytest(python_readme numpy,pytest,ml_dtypes,cffi,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
   FILES tests/test_readme.py)

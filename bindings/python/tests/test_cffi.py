@@ -31,8 +31,11 @@ def ffi_lib():
 def test_version_and_handle(ffi_lib):
     ffi, lib = ffi_lib
     assert lib.fva_version() == 100 and lib.fva_abi_version() == 1
+    # FVA_BACKEND_CPU; the tuning options FVA_OPTION_AUTO (-1), as FVA_HANDLE_OPTIONS_INIT sets them
+    # (0 is out of range for some of them).
     opts = ffi.new("fva_handle_options_t*", {"struct_size": ffi.sizeof("fva_handle_options_t"),
-                                             "backend": 2, "device": -1})  # FVA_BACKEND_CPU
+                                             "backend": 2, "device": -1,
+                                             **{name: -1 for name in _capi.TUNING_OPTIONS}})
     handle = ffi.new("fva_handle_t*")
     assert lib.fva_create(handle, opts) == 0, ffi.string(lib.fva_last_error())
     info = ffi.new("fva_handle_info_t*", {"struct_size": ffi.sizeof("fva_handle_info_t")})
@@ -92,7 +95,8 @@ def test_errors_through_cffi(ffi_lib):
 @pytest.mark.parametrize("c_name,py_struct", [
     ("fva_tensor_t", _capi.Tensor), ("fva_handle_options_t", _capi.HandleOptions),
     ("fva_handle_info_t", _capi.HandleInfo), ("fva_qat_config_t", _capi.QatConfigC),
-    ("fva_vsa_config_t", _capi.VsaConfigC), ("fva_nvfp4_config_t", _capi.Nvfp4ConfigC)])
+    ("fva_vsa_config_t", _capi.VsaConfigC), ("fva_nvfp4_config_t", _capi.Nvfp4ConfigC),
+    ("fva_vsa_layer_config_t", _capi.VsaLayerConfigC)])
 def test_ctypes_structs_match_the_header(ffi_lib, c_name, py_struct):
     ffi, _ = ffi_lib
     assert ctypes.sizeof(py_struct) == ffi.sizeof(c_name)

@@ -50,6 +50,12 @@ class Placeholders:
         self.keep.append(t)
         return ctypes.byref(t)
 
+    def raw(self, nbytes):
+        """A placeholder address for nbytes of raw memory (the VSA layer's reserve)."""
+        at = self.next
+        self.next += (int(nbytes) + 255) // 256 * 256 + 256
+        return at
+
 
 def _cpu():
     return _capi.lib(), _handles.get("cpu", -1)
@@ -119,3 +125,77 @@ def check_invert(q2k_idx, q2k_num, num_kv_blocks):
     if np.dtype(q2k_num.dtype) != np.int32 or tuple(q2k_num.shape) != shape[:3]:
         raise invalid_argument(f"q2k_num: int32 {tuple(q2k_num.shape)} given but it must be int32 "
                                f"with shape q2k_idx.shape[:3] = {shape[:3]}")
+
+
+# ---- the whole VSA layer -------------------------------------------------------------------------
+
+_RESERVE_ALIGN = 256
+_cuda_ordinals = None
+
+
+def _jax_cuda_ordinals():
+    """The CUDA device ordinals of the GPUs this JAX process can run on (none when its GPU platform
+    is absent or disabled, e.g. JAX_PLATFORMS=cpu)."""
+    global _cuda_ordinals
+    if _cuda_ordinals is None:
+        import jax
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        ids = {d.local_hardware_id if d.local_hardware_id is not None else d.id for d in gpus}
+        _cuda_ordinals = sorted(ids)
+    return _cuda_ordinals
+
+
+def _layer_sizes(h, cfg, tq, tk, tv):
+    ws, reserve = ctypes.c_size_t(), ctypes.c_size_t()
+    _capi.check(_capi.entry("fva_vsa_layer_sizes")(h, ctypes.byref(cfg), tq, tk, tv, ctypes.byref(ws),
+                                                   ctypes.byref(reserve)))
+    return ws.value, reserve.value
+
+
+def check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg):
+    """Checks a VSA layer forward's arguments; returns the reserve's size: the largest any backend
+    this process may run it on asks (the CPU backend, and the CUDA backend of each GPU JAX sees)."""
+    lib, h = _cpu()
+    p = Placeholders()
+    tq, tk, tv = p("q", q.shape, q.dtype), p("k", k.shape, k.dtype), p("v", v.shape, v.dtype)
+    ws, reserve = _layer_sizes(h, cfg, tq, tk, tv)
+    sizes = [reserve]
+    for ordinal in _jax_cuda_ordinals():
+        try:
+            sizes.append(_layer_sizes(_handles.get("cuda", ordinal), cfg, tq, tk, tv)[1])
+        except Exception:  # noqa: BLE001 - no usable CUDA handle: the CPU's size stands
+            pass
+    if ws > 0:
+        # The call itself, with one byte of workspace too few: it checks every argument (gate, the
+        # block sizes, topk) and, if they pass, refuses the workspace having touched nothing.
+        shape = tuple(q.shape)
+        nq, nkv = shape[2] // cfg.block_size, tuple(k.shape)[2] // cfg.block_size
+        st = _capi.entry("fva_vsa_layer_forward")(
+            h, ctypes.byref(cfg), tq, tk, tv, None if gate is None else p("gate", gate.shape, gate.dtype),
+            p("q_block_sizes", q_block_sizes.shape, q_block_sizes.dtype),
+            p("kv_block_sizes", kv_block_sizes.shape, kv_block_sizes.dtype), p("out", shape, q.dtype),
+            p("q2k_idx", shape[:2] + (nq, max(1, min(cfg.topk, nkv))), np.int32),
+            p("q2k_num", shape[:2] + (nq,), np.int32), p.raw(reserve), reserve, None, ws - 1, None)
+        if st != STATUS_CODES["FVA_ERR_WORKSPACE_TOO_SMALL"]:
+            _capi.check(st)
+    return max(sizes)
+
+
+def reserve_result_bytes(needed):
+    """The custom call's reserve size: rounded up to 256 bytes, so vmap's slices of it stay aligned."""
+    return (needed + _RESERVE_ALIGN - 1) // _RESERVE_ALIGN * _RESERVE_ALIGN
+
+
+def check_vsa_layer_backward(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve, cfg):
+    """Checks a VSA layer backward's arguments: the forward's, dout like q, and a uint8 reserve at least
+    as large as the backends ask."""
+    need = check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg)
+    if tuple(dout.shape) != tuple(q.shape) or np.dtype(dout.dtype) != np.dtype(q.dtype):
+        raise invalid_argument(f"dout: {np.dtype(dout.dtype)} {tuple(dout.shape)} given but it must be "
+                               f"like q: {np.dtype(q.dtype)} {tuple(q.shape)}")
+    if np.dtype(reserve.dtype) != np.uint8 or len(reserve.shape) != 1 or reserve.shape[0] < need:
+        raise invalid_argument(f"reserve: {np.dtype(reserve.dtype)} {tuple(reserve.shape)} given but it "
+                               f"must be the forward's uint8 reserve ({need} bytes for these shapes)")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _capi, _library
-from ..config import QatConfig, VsaConfig
+from ..config import QatConfig, VsaConfig, VsaLayerConfig
 from . import _checks
 
 # target name -> handler symbol prefix in libfvattn_jax.so (+ "Cpu" / "Cuda")
@@ -24,6 +24,10 @@ _TARGETS = {
     "fvattn_vsa_backward": "FvattnVsaBackward",
     "fvattn_vsa_invert_indices": "FvattnVsaInvertIndices",
     "fvattn_nvfp4_fake_quantize": "FvattnNvfp4FakeQuantize",
+    "fvattn_vsa_layer_forward": "FvattnVsaLayerForward",
+    "fvattn_vsa_layer_forward_gated": "FvattnVsaLayerForwardGated",
+    "fvattn_vsa_layer_backward": "FvattnVsaLayerBackward",
+    "fvattn_vsa_layer_backward_gated": "FvattnVsaLayerBackwardGated",
 }
 _lock = threading.Lock()
 _registered = False
@@ -135,3 +139,60 @@ def nvfp4_fake_quantize(x, config=None):
     _checks.dtype_code("x", x.dtype)
     return _call("fvattn_nvfp4_fake_quantize", _sds(x.shape, x.dtype), x,
                  scale_mode=np.int32(cfg.scale_mode), tile_tokens=np.int32(cfg.tile_tokens))
+
+
+# ---- the whole VSA layer -------------------------------------------------------------------------
+
+
+def vsa_layer_config(topk, softmax_scale=None):
+    return VsaLayerConfig(topk=topk, softmax_scale=softmax_scale).to_c()
+
+
+def vsa_layer_attrs(cfg):
+    return {"softmax_scale": np.float32(cfg.softmax_scale), "block_size": np.int32(cfg.block_size),
+            "topk": np.int32(cfg.topk)}
+
+
+def vsa_layer_forward_c(q, k, v, kv_block_sizes, q_block_sizes, gate, cfg):
+    """(out, q2k_idx, q2k_num, reserve) for a C config; the reserve is uint8 [R], R a multiple of
+    256 that covers every backend this process can run the computation on (_checks)."""
+    reserve_bytes = _checks.reserve_result_bytes(
+        _checks.check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg))
+    B, H, Sq, _ = q.shape
+    nq, nkv = Sq // cfg.block_size, k.shape[2] // cfg.block_size
+    outs = (_sds(q.shape, q.dtype), _sds((B, H, nq, min(cfg.topk, nkv)), jnp.int32),
+            _sds((B, H, nq), jnp.int32), _sds((reserve_bytes,), jnp.uint8))
+    if gate is None:
+        return tuple(_call("fvattn_vsa_layer_forward", outs, q, k, v, q_block_sizes, kv_block_sizes,
+                           **vsa_layer_attrs(cfg)))
+    return tuple(_call("fvattn_vsa_layer_forward_gated", outs, q, k, v, gate, q_block_sizes,
+                       kv_block_sizes, **vsa_layer_attrs(cfg)))
+
+
+def vsa_layer_backward_c(q, k, v, kv_block_sizes, q_block_sizes, dout, reserve, gate, cfg, check=True):
+    """(dq, dk, dv, dgate or None). check=False: the arguments are known to be consistent (the
+    custom_vjp's own residuals)."""
+    if check:
+        _checks.check_vsa_layer_backward(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve, cfg)
+    outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
+    if gate is None:
+        dq, dk, dv = _call("fvattn_vsa_layer_backward", outs, q, k, v, q_block_sizes, kv_block_sizes,
+                           dout, reserve, **vsa_layer_attrs(cfg))
+        return dq, dk, dv, None
+    return tuple(_call("fvattn_vsa_layer_backward_gated", outs + (_sds(gate.shape, gate.dtype),), q, k,
+                       v, gate, q_block_sizes, kv_block_sizes, dout, reserve, **vsa_layer_attrs(cfg)))
+
+
+def vsa_layer_forward(q, k, v, kv_block_sizes, q_block_sizes, topk, gate=None, softmax_scale=None,
+                      return_indices=False):
+    """fvattn.video_sparse_attn for JAX arrays: a VsaLayerResult of JAX arrays."""
+    from ..ops import VsaLayerResult
+    out, idx, num, reserve = vsa_layer_forward_c(q, k, v, kv_block_sizes, q_block_sizes, gate,
+                                                 vsa_layer_config(topk, softmax_scale))
+    return VsaLayerResult(out, reserve, idx if return_indices else None, num if return_indices else None)
+
+
+def vsa_layer_backward(q, k, v, kv_block_sizes, q_block_sizes, topk, dout, reserve, gate=None,
+                       softmax_scale=None):
+    return vsa_layer_backward_c(q, k, v, kv_block_sizes, q_block_sizes, dout, reserve, gate,
+                                vsa_layer_config(topk, softmax_scale))

@@ -91,3 +91,25 @@ def test_jitted_training_step_on_gpu():
         params, value = on_device(step, params)
         losses.append(float(value))
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_vsa_layer_values_and_grads_match_the_cpu(gated):
+    # The whole VSA layer (fj.video_sparse_attn), ragged blocks, GQA: GPU against the CPU backend.
+    q_bs, kv_bs = jnp.array([64, 40, 9], jnp.int32), jnp.array([64, 0, 33, 64], jnp.int32)
+    shapes = [(1, 4, 192, 128), (1, 2, 256, 128), (1, 2, 256, 128), (1, 4, 192, 128), (1, 4, 192, 128)]
+
+    def f(q, k, v, g, w):
+        def loss(q, k, v, g):
+            out = fj.video_sparse_attn(q, k, v, kv_bs, q_bs, 2, (4, 4, 4), g if gated else None)
+            return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, g)
+
+    ((_, og), gg), ((_, oc), gc) = both(jax.jit(f), lambda dev: inputs(7, shapes, dev))
+    assert rel_l2(np.asarray(og, np.float64), np.asarray(oc, np.float64)) <= 1e-2
+    for a, b, name in zip(gg, gc, ("dq", "dk", "dv", "dgate")):
+        if name == "dgate" and not gated:
+            assert not np.any(np.asarray(a, np.float32))
+            continue
+        assert a.devices() == {GPU}
+        assert rel_l2(np.asarray(a, np.float64), np.asarray(b, np.float64)) <= 1e-2, name
