@@ -39,6 +39,10 @@ struct BenchOptions {
   double density = 0.25;
   bool local_lists = false;  // --lists local: video-like lists (vsa_lists)
   bool qat = true, vsa = true;  // --ops: which ops run
+  // --layer T,H,W: the whole VSA layer on that token grid (FastVideo's 4x4x4 tiles), against its
+  // fine branch alone with the same lists; --topk: its kv blocks per q block.
+  std::vector<int64_t> layer_grid;
+  int64_t layer_topk = 78;
   bool plain = false;            // --qat-preset plain: QAT's unquantized mode (plain attention)
   std::string json_path;
   bool sdpa = true;
@@ -255,6 +259,84 @@ void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_
                  seen});
 }
 
+// The whole VSA layer (fva_vsa_layer_forward/backward, with gate) on o.layer_grid, and its fine
+// branch alone (fva_vsa_forward/backward over the lists the layer selected): the layer's cost over
+// the fine branch's is what its block means, coarse attention, selection and gate add.
+void bench_layer(fva_handle_t h, const BenchOptions& o, std::mt19937_64& rng, cudaStream_t stream,
+                 ClockSampler& clocks, std::vector<Result>& out) {
+  ClockStats seen;
+  auto timed = [&](const std::function<void(int)>& fn) {
+    settle(o, stream);
+    return median_ms(stream, o.warmup, o.iters, fn, 4000.0, &clocks, &seen);
+  };
+  const int32_t tile[3] = {4, 4, 4};
+  int64_t nb = 0;
+  fva_check(fva_vsa_tile_plan(o.layer_grid.data(), tile, nullptr, nullptr, &nb), "fva_vsa_tile_plan");
+  std::vector<int32_t> sizes(static_cast<size_t>(nb));
+  fva_check(fva_vsa_tile_plan(o.layer_grid.data(), tile, nullptr, sizes.data(), &nb), "fva_vsa_tile_plan");
+  const int64_t B = o.B, H = o.H, D = o.D, S = 64 * nb, topk = std::min(o.layer_topk, nb);
+  const size_t n = static_cast<size_t>(B * H * S * D), bytes = n * 2;
+  DeviceArray q(bytes), k(bytes), v(bytes), gate(bytes), o_(bytes), dout(bytes), dq(bytes), dk(bytes),
+      dv(bytes), dgate(bytes), lse(static_cast<size_t>(B * H * S) * 4);
+  for (DeviceArray* a : {&q, &k, &v, &gate, &dout}) a->upload(random_bf16(n, rng));
+  DeviceArray dsizes(sizes.size() * 4), didx(static_cast<size_t>(B * H * nb * topk) * 4),
+      dnum(static_cast<size_t>(B * H * nb) * 4);
+  dsizes.upload(sizes);
+  auto t4 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_BF16, {B, H, S, D}); };
+  const fva_tensor_t tq = t4(q), tk = t4(k), tv = t4(v), tg = t4(gate), to = t4(o_), td = t4(dout),
+                     tdq = t4(dq), tdk = t4(dk), tdv = t4(dv), tdg = t4(dgate);
+  const fva_tensor_t ts = contiguous(dsizes.get(), FVA_DTYPE_I32, {nb});
+  const fva_tensor_t ti = contiguous(didx.get(), FVA_DTYPE_I32, {B, H, nb, topk});
+  const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {B, H, nb});
+  const fva_tensor_t tl = contiguous(lse.get(), FVA_DTYPE_F32, {B, H, S});
+  fva_vsa_layer_config_t cfg = FVA_VSA_LAYER_CONFIG_INIT;
+  cfg.topk = static_cast<int32_t>(topk);
+  size_t wb = 0, rb = 0;
+  fva_check(fva_vsa_layer_sizes(h, &cfg, &tq, &tk, &tv, &wb, &rb), "fva_vsa_layer_sizes");
+  DeviceArray reserve(rb);
+  const fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
+  size_t fb = 0, bb = 0;
+  fva_check(fva_vsa_forward_workspace_size(h, &vcfg, &tq, &tk, &tv, &ti, &fb), "vsa workspace");
+  fva_check(fva_vsa_backward_workspace_size(h, &vcfg, &tq, &tk, &tv, &ti, &bb), "vsa workspace");
+  const size_t ws_bytes = std::max({wb, fb, bb});
+  DeviceArray ws(ws_bytes);
+  const double sparse = 4.0 * B * H * D * 64.0 * 64.0 * static_cast<double>(nb * topk);
+  fmt::print(stderr, "bench layer {}x{}x{} ({} blocks, S={}, top-k {}): forward ...\n", o.layer_grid[0],
+             o.layer_grid[1], o.layer_grid[2], nb, S, topk);
+  auto layer_fwd = [&](int) {
+    fva_check(fva_vsa_layer_forward(h, &cfg, &tq, &tk, &tv, &tg, &ts, &ts, &to, &ti, &tn,
+                                    reserve.get(), rb, ws.get(), ws_bytes, stream),
+              "fva_vsa_layer_forward");
+  };
+  const double lf = timed(layer_fwd);
+  out.push_back({"layer_forward", S, lf, sparse / (lf * 1e9), 0.0, seen});
+  layer_fwd(0);
+  fmt::print(stderr, "bench layer: backward ...\n");
+  const double lb = timed([&](int) {
+    fva_check(fva_vsa_layer_backward(h, &cfg, &tq, &tk, &tv, &tg, &ts, &ts, &td, reserve.get(), rb,
+                                     &tdq, &tdk, &tdv, &tdg, ws.get(), ws_bytes, stream),
+              "fva_vsa_layer_backward");
+  });
+  out.push_back({"layer_backward", S, lb, 2.5 * sparse / (lb * 1e9), 0.0, seen});
+  // The fine branch alone over the layer's own lists (left in ti, tn by the forward above).
+  fmt::print(stderr, "bench layer: the fine branch alone ...\n");
+  auto fine_fwd = [&](int) {
+    fva_check(fva_vsa_forward(h, &vcfg, &tq, &tk, &tv, &ti, &tn, &ts, &to, &tl, ws.get(), ws_bytes,
+                              stream),
+              "fva_vsa_forward");
+  };
+  const double ff = timed(fine_fwd);
+  out.push_back({"layer_fine_forward", S, ff, sparse / (ff * 1e9), 0.0, seen});
+  fine_fwd(0);
+  const double fbw = timed([&](int) {
+    fva_check(fva_vsa_backward(h, &vcfg, &tq, &tk, &tv, &to, &tl, &td, &ti, &tn, &ts, &tdq, &tdk,
+                               &tdv, ws.get(), ws_bytes, stream),
+              "fva_vsa_backward");
+  });
+  out.push_back({"layer_fine_backward", S, fbw, 2.5 * sparse / (fbw * 1e9), 0.0, seen});
+  out.push_back({"layer_over_fine", S, (lf + lb) / (ff + fbw), 0.0, 0.0, seen});
+}
+
 // PyTorch's SDPA in a child process (tools/bench_sdpa.py); empty when PyTorch is not importable.
 // The script marks each timed loop ({"timing": "begin"} ... "end"), forward then backward per
 // shape, and `clocks` samples between the marks.
@@ -349,7 +431,7 @@ int cmd_bench(int argc, char** argv) {
           "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
           "                    [--kernels auto|portable|both] [--deterministic]\n"
           "                    [--lists random|local] [--ops qat,vsa] [--qat-preset production|plain]\n"
-          "                    [--settle 0]\n"
+          "                    [--settle 0] [--layer T,H,W [--topk 78]]\n"
           "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
           "             portable kernels' rows marked '/portable'\n"
           "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
@@ -361,6 +443,10 @@ int cmd_bench(int argc, char** argv) {
           "             SDPA runs unless --no-sdpa\n"
           "  --qat-preset: the QAT ops' configuration: production (FastVideo's preset, the\n"
           "             default; rows qat_*) or plain (quantize = 0: plain attention; rows plain_*)\n"
+          "  --layer: the whole VSA layer (with gate) on a T,H,W token grid in FastVideo's 4x4x4\n"
+          "             tiles, then its fine branch alone over the same lists (rows layer_*; the\n"
+          "             row layer_over_fine is (forward + backward) of the layer over the fine\n"
+          "             branch's, in its ms column); --ops layer runs it alone\n"
           "  --settle: seconds the GPU idles before each op (SDPA's too), so that each starts\n"
           "             from a rested card, not in the power state the ops before it left\n"
           "             (the default, 0: the ops back to back, as a training step runs them)\n"
@@ -391,10 +477,18 @@ int cmd_bench(int argc, char** argv) {
       const std::string v = next();
       o.qat = v == "qat" || v == "qat,vsa" || v == "vsa,qat";
       o.vsa = v == "vsa" || v == "qat,vsa" || v == "vsa,qat";
-      if (!o.qat && !o.vsa) {
-        fmt::print(stderr, "fvattn bench: --ops takes qat, vsa or qat,vsa\n");
+      if (!o.qat && !o.vsa && v != "layer") {
+        fmt::print(stderr, "fvattn bench: --ops takes qat, vsa, qat,vsa or layer\n");
         return 2;
       }
+    } else if (a == "--layer") {
+      if (!parse_list(next(), &o.layer_grid) || o.layer_grid.size() != 3) {
+        fmt::print(stderr, "fvattn bench: --layer takes a token grid T,H,W\n");
+        return 2;
+      }
+    } else if (a == "--topk") {
+      if (!parse_list(next(), &one) || one.size() != 1 || one[0] < 1) return 2;
+      o.layer_topk = one[0];
     } else if (a == "--qat-preset") {
       o.plain = one_of({"production", "plain"}) == "plain";
     } else if (a == "--json") {
@@ -438,7 +532,9 @@ int cmd_bench(int argc, char** argv) {
     fva_check(fva_get_info(h, &info), "fva_get_info");
     std::mt19937_64 rng(12345);
     const size_t first = res.size();
-    for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, clocks, res);
+    if (o.qat || o.vsa)
+      for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, clocks, res);
+    if (!o.layer_grid.empty()) bench_layer(h, o, rng, stream, clocks, res);
     if (kernels == "both" && choice == FVA_KERNELS_PORTABLE)
       for (size_t i = first; i < res.size(); ++i) res[i].op += "/portable";
     fva_destroy(h);

@@ -379,6 +379,75 @@ Row demo_vsa(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, bool back
   return row;
 }
 
+// The whole VSA layer (with gate) at the demo's shape: a quarter of the kv blocks per q block, the
+// last block 40 tokens (its padding slots zero, as FastVideo's tiling leaves them). Forward and
+// backward are checked together against the float64 reference over the library's own selection.
+Row demo_layer(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, int runs, const char* name) {
+  const ref64::Shape shape{s.B, s.H, s.S, s.D};
+  const int64_t nb = s.S / 64, topk = std::max<int64_t>(1, nb / 4);
+  Operand q(shape, rng), k(shape, rng), v(shape, rng), gate(shape, rng), dout(shape, rng);
+  Operand out(shape, rng, false), dq(shape, rng, false), dk(shape, rng, false), dv(shape, rng, false),
+      dgate(shape, rng, false);
+  std::vector<int32_t> sizes(static_cast<size_t>(nb), 64);
+  sizes.back() = 40;
+  for (Operand* x : {&q, &k, &v}) {  // the last block's padding slots hold zeros
+    auto* p = static_cast<uint16_t*>(x->t.buf.get());
+    for (int64_t bh = 0; bh < s.B * s.H; ++bh)
+      for (int64_t t = s.S - 24; t < s.S; ++t)
+        for (int64_t d = 0; d < s.D; ++d) {
+          const size_t i = static_cast<size_t>((bh * s.S + t) * s.D + d);
+          p[i] = 0;
+          x->ref.data[i] = 0.0;
+        }
+  }
+  HostTensor tsizes = i32_tensor(sizes, {nb});
+  HostTensor idx(FVA_DTYPE_I32, {s.B, s.H, nb, topk}), num(FVA_DTYPE_I32, {s.B, s.H, nb});
+  fva_vsa_layer_config_t cfg = FVA_VSA_LAYER_CONFIG_INIT;
+  cfg.topk = static_cast<int32_t>(topk);
+  size_t ws_bytes = 0, reserve_bytes = 0;
+  check(fva_vsa_layer_sizes(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &ws_bytes, &reserve_bytes),
+        "fva_vsa_layer_sizes");
+  Buffer ws(ws_bytes), reserve(reserve_bytes);
+  fmt::print(stderr, "  {}: running the library ...\n", name);
+  Row row;
+  row.op = name;
+  row.ms = time_ms(runs, [&] {
+    check(fva_vsa_layer_forward(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &gate.t.desc,
+                                &tsizes.desc, &tsizes.desc, &out.t.desc, &idx.desc, &num.desc,
+                                reserve.get(), reserve.bytes, ws.get(), ws.bytes, nullptr),
+          "fva_vsa_layer_forward");
+    check(fva_vsa_layer_backward(h, &cfg, &q.t.desc, &k.t.desc, &v.t.desc, &gate.t.desc,
+                                 &tsizes.desc, &tsizes.desc, &dout.t.desc, reserve.get(),
+                                 reserve.bytes, &dq.t.desc, &dk.t.desc, &dv.t.desc, &dgate.t.desc,
+                                 ws.get(), ws.bytes, nullptr),
+          "fva_vsa_layer_backward");
+  });
+  // The fine branch's FLOPs, forward and backward (3.5x the forward's).
+  row.gflop = 3.5 * 4.0 * s.B * s.H * nb * topk * 64.0 * 64.0 * s.D * 1e-9;
+  fmt::print(stderr, "  {}: running the float64 reference ...\n", name);
+  ref64::VsaLayerInputs in{q.ref, k.ref, v.ref, gate.ref, true, sizes, sizes};
+  ref64::VsaLayerConfig rc;
+  rc.topk = topk;
+  ref64::VsaLayerSelection chosen;
+  chosen.k = topk;
+  chosen.q2k_idx.assign(static_cast<const int32_t*>(idx.buf.get()),
+                        static_cast<const int32_t*>(idx.buf.get()) + idx.numel());
+  chosen.q2k_num.assign(static_cast<const int32_t*>(num.buf.get()),
+                        static_cast<const int32_t*>(num.buf.get()) + num.numel());
+  const ref64::VsaLayerForward ref = ref64::vsa_layer_forward(rc, ref64::DType::BF16, in, &chosen);
+  const ref64::VsaLayerGrads g = ref64::vsa_layer_backward(rc, ref64::DType::BF16, in, ref, dout.ref);
+  row.errors = {{"out", rel_l2(out.values(), ref.out.data)},
+                {"dq", rel_l2(dq.values(), g.dq.data)},
+                {"dk", rel_l2(dk.values(), g.dk.data)},
+                {"dv", rel_l2(dv.values(), g.dv.data)},
+                {"dgate", rel_l2(dgate.values(), g.dgate.data)}};
+  // The selection must be the one SPEC 3b defines for the reference's own scores (random inputs
+  // leave no near-ties in practice).
+  const ref64::VsaLayerSelection own = ref64::vsa_layer_select(ref.scores, s.B, s.H, nb, sizes, topk);
+  row.errors.push_back({"lists", own.q2k_idx == chosen.q2k_idx ? 0.0 : 1.0});
+  return row;
+}
+
 bool parse_int(const char* s, int64_t* out) {
   char* end = nullptr;
   const long long v = std::strtoll(s, &end, 10);
@@ -460,7 +529,8 @@ int cmd_demo(int argc, char** argv) {
              FVA_VERSION_MINOR, FVA_VERSION_PATCH, s.B, s.H, s.S, s.D, seed);
   fmt::print("backend: CPU reference, {} threads ({})\n", info.sm_count, why);
   fmt::print("QAT: FastVideo production preset (NVFP4 block scales, high-precision o); "
-             "VSA: 25% of kv blocks per q block, last block 40 tokens\n");
+             "VSA: 25% of kv blocks per q block, last block 40 tokens; VSA layer: the whole\n"
+             "video_sparse_attn with gate, top-k a quarter of the blocks\n");
   fmt::print(stderr, "fvattn demo: running (each op {} time(s), then the float64 reference)\n", runs);
 
   std::mt19937_64 rng(seed);
@@ -469,6 +539,7 @@ int cmd_demo(int argc, char** argv) {
   rows.push_back(demo_qat(h, s, rng, true, runs, "qat backward"));
   rows.push_back(demo_vsa(h, s, rng, false, runs, "vsa forward"));
   rows.push_back(demo_vsa(h, s, rng, true, runs, "vsa backward"));
+  rows.push_back(demo_layer(h, s, rng, runs, "vsa layer f+b"));
   fva_destroy(h);
 
   fmt::print("\n{:<14} {:>10} {:>9}  {:<44} {}\n", "op", "time ms", "GFLOP/s",
