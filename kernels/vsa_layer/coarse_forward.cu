@@ -68,7 +68,9 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
   const int nkv = p.nkv;
   const unsigned lt = (1u << lane) - 1u;
   auto valid = [&](int j) { return block_tokens(p.kv_sizes, p.kv_sizes_stride, j) > 0; };
-  // Pass 1: the largest score, the blocks that take part, and the keys' high bytes counted.
+  // Pass 1: the largest score, the blocks that take part, and the keys' high bytes counted. The
+  // warp's previous row read hist last (find_bin); its lanes finish those reads before any clears.
+  __syncwarp();
   for (int e = lane; e < 256; e += 32) hist[e] = 0;
   __syncwarp();
   float mx = -__builtin_huge_valf();
