@@ -573,9 +573,11 @@ int cmd_bench(int argc, char** argv) {
       return 1;
     }
     fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, "
-               "\"vsa_density\": {}, \"vsa_lists\": \"{}\", \"settle_s\": {}, \"results\": [\n",
+               "\"vsa_density\": {}, \"vsa_lists\": \"{}\", \"settle_s\": {}, \"layer_grid\": [{}], "
+               "\"layer_topk\": {}, \"results\": [\n",
                info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic, o.density,
-               o.local_lists ? "local" : "random", o.settle_s);
+               o.local_lists ? "local" : "random", o.settle_s, fmt::join(o.layer_grid, ", "),
+               o.layer_grid.empty() ? 0 : o.layer_topk);
     for (size_t i = 0; i < res.size(); ++i) {
       const Result& r = res[i];
       fmt::print(f,
