@@ -12,11 +12,7 @@ fva_vsa_config_t checked_vsa_config(const fva_vsa_config_t* user) {
   const fva_vsa_config_t defaults = FVA_VSA_CONFIG_INIT;
   const fva_vsa_config_t c = read_config(user, defaults, "cfg", "fva_vsa_config_t");
   check_softmax_scale(c.softmax_scale, "cfg->softmax_scale");
-  if (c.block_size < 1)
-    fail(FVA_ERR_INVALID_ARGUMENT, "cfg->block_size is {} but must be positive", c.block_size);
-  if (c.block_size != kVsaBlock)
-    fail(FVA_ERR_UNSUPPORTED, "cfg->block_size is {} but only {} is supported", c.block_size,
-         kVsaBlock);
+  check_vsa_block_size(c.block_size, "cfg->block_size");
   return c;
 }
 

@@ -17,11 +17,7 @@ fva_vsa_layer_config_t checked_layer_config(const fva_vsa_layer_config_t* user) 
   const fva_vsa_layer_config_t defaults = FVA_VSA_LAYER_CONFIG_INIT;
   const fva_vsa_layer_config_t c = read_config(user, defaults, "cfg", "fva_vsa_layer_config_t");
   check_softmax_scale(c.softmax_scale, "cfg->softmax_scale");
-  if (c.block_size < 1)
-    fail(FVA_ERR_INVALID_ARGUMENT, "cfg->block_size is {} but must be positive", c.block_size);
-  if (c.block_size != kVsaBlock)
-    fail(FVA_ERR_UNSUPPORTED, "cfg->block_size is {} but only {} is supported", c.block_size,
-         kVsaBlock);
+  check_vsa_block_size(c.block_size, "cfg->block_size");
   if (c.topk == 0)
     fail(FVA_ERR_INVALID_ARGUMENT,
          "cfg->topk is 0 but must be >= 1 (FVA_VSA_LAYER_CONFIG_INIT leaves it 0: set cfg->topk "

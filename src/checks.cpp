@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/problems.h"
+
 namespace fva {
 
 const char* dtype_name(int32_t dtype) {
@@ -269,6 +271,12 @@ void check_workspace(const void* ws, size_t ws_bytes, size_t need, const char* q
     fail(FVA_ERR_INVALID_ARGUMENT, "ws: is NULL but this call needs {} bytes of workspace", need);
   if (reinterpret_cast<uintptr_t>(ws) % kRequiredAlignment != 0)
     fail(FVA_ERR_INVALID_ARGUMENT, "ws: {} is not {}-byte aligned", ws, kRequiredAlignment);
+}
+
+void check_vsa_block_size(int32_t block_size, const char* name) {
+  if (block_size < 1) fail(FVA_ERR_INVALID_ARGUMENT, "{} is {} but must be positive", name, block_size);
+  if (block_size != kVsaBlock)
+    fail(FVA_ERR_UNSUPPORTED, "{} is {} but only {} is supported", name, block_size, kVsaBlock);
 }
 
 void check_flag(int32_t value, const char* name) {

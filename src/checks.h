@@ -88,6 +88,10 @@ void check_workspace(const void* ws, size_t ws_bytes, size_t need, const char* q
 // 0 or 1.
 void check_flag(int32_t value, const char* name);
 
+// A VSA block size: positive (FVA_ERR_INVALID_ARGUMENT), and 64, the only one the kernels and the
+// CPU backend run (FVA_ERR_UNSUPPORTED).
+void check_vsa_block_size(int32_t block_size, const char* name);
+
 // softmax_scale: finite and > 0, or 0 (meaning 1/sqrt(D)).
 void check_softmax_scale(float scale, const char* name);
 float resolve_softmax_scale(float scale, int64_t head_dim);

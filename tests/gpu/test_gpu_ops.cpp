@@ -8,7 +8,6 @@
 // sharing one handle, and what the CUDA backend refuses.
 //
 // Without a usable GPU the program prints why and exits 77 (CTest: skipped).
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -26,25 +25,6 @@
 #include "shared/kernel_params.h"
 #include "gpu/gpu_fixtures.h"
 #include "support/golden.h"
-
-namespace fvt {
-
-std::string gpu_skip_reason(int* device) {
-  fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
-  o.backend = FVA_BACKEND_CUDA;
-  fva_handle_t h = nullptr;
-  if (fva_create(&h, &o) != FVA_OK) return fva_last_error();
-  fva_handle_info_t info;
-  info.struct_size = sizeof info;
-  fva_get_info(h, &info);
-  fva_destroy(h);
-  if (std::string(info.image) == "none")
-    return std::string("no kernel image for ") + info.device_name + " in this build";
-  *device = info.device;
-  return "";
-}
-
-}  // namespace fvt
 
 using namespace fvt;
 
@@ -1357,23 +1337,3 @@ TEST_CASE("GPU: what the CUDA kernels do not cover is refused, naming the CPU ba
   CHECK(std::string(fva_last_error()).find("FVA_BACKEND_CPU") != std::string::npos);
 }
 
-int main(int argc, char** argv) {
-  int device = 0;
-  const std::string why = gpu_skip_reason(&device);
-  if (!why.empty()) {
-    std::printf("SKIPPED: no usable GPU for the GPU tests: %s\n", why.c_str());
-    return 77;
-  }
-  // Device memory (gpu_fixtures.h) on the device the handles get (FVA_HANDLE_OPTIONS_INIT: the
-  // current context's, which this makes the one found above). A handle exists, so failing here is a
-  // failure, not a skip.
-  std::string no_memory;
-  if (!cuda::init_memory(device, &no_memory)) {
-    std::printf("FAILED: a CUDA handle exists but the tests cannot allocate device memory: %s\n",
-                no_memory.c_str());
-    return 1;
-  }
-  std::printf("seed %llu\n", static_cast<unsigned long long>(test_seed()));
-  doctest::Context ctx(argc, argv);
-  return ctx.run();
-}
