@@ -10,46 +10,29 @@
 // counts only selected blocks (4·B·H·D·64·64·Σ q2k_num) and reports the dense-equivalent rate too.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <fvattn/fvattn.h>
 
 #include <algorithm>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "bench_options.h"
 #include "commands.h"
 #include "gpu_util.h"
 
 namespace fvtool {
 namespace {
-
-struct BenchOptions {
-  int64_t B = 1, H = 8, D = 128;
-  std::vector<int64_t> seqs = {4096, 16384, 32768};
-  int warmup = 3, iters = 20;
-  double density = 0.25;
-  bool local_lists = false;  // --lists local: video-like lists (vsa_lists)
-  bool qat = true, vsa = true;  // --ops: which ops run
-  // --layer T,H,W: the whole VSA layer on that token grid (FastVideo's 4x4x4 tiles), against its
-  // fine branch alone with the same lists; --topk: its kv blocks per q block.
-  std::vector<int64_t> layer_grid;
-  int64_t layer_topk = 78;
-  bool plain = false;            // --qat-preset plain: QAT's unquantized mode (plain attention)
-  std::string json_path;
-  bool sdpa = true;
-  // --settle: seconds the GPU idles before each op's warm-up (PyTorch's SDPA's too), so that every
-  // op starts from a rested card instead of the power state the ops before it left (0: none).
-  double settle_s = 0.0;
-};
 
 // Lets the GPU idle for o.settle_s once the stream's work is done (nothing when 0).
 void settle(const BenchOptions& o, cudaStream_t stream) {
@@ -386,129 +369,11 @@ std::vector<Result> run_sdpa(const BenchOptions& o, ClockSampler& clocks) {
   return r;
 }
 
-bool parse_list(const std::string& s, std::vector<int64_t>* out) {
-  out->clear();
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    char* end = nullptr;
-    const long long v = std::strtoll(s.c_str() + i, &end, 10);
-    if (end != s.c_str() + j || v <= 0) return false;
-    out->push_back(v);
-    i = j + 1;
-  }
-  return !out->empty();
-}
-
 }  // namespace
 
-int cmd_bench(int argc, char** argv) {
-  BenchOptions o;
-  std::string kernels = "auto";
-  int32_t deterministic = 0;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "fvattn bench: {} needs a value\n", a);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    // The value of option `a`, one of `allowed` (or a message and exit status 2).
-    auto one_of = [&](std::initializer_list<const char*> allowed) -> std::string {
-      const std::string v = next();
-      for (const char* x : allowed)
-        if (v == x) return v;
-      fmt::print(stderr, "fvattn bench: {} takes {}\n", a, fmt::join(allowed, ", "));
-      std::exit(2);
-    };
-    std::vector<int64_t> one;
-    if (a == "--help") {
-      fmt::print(
-          "usage: fvattn bench [--seq 4096,16384,32768] [--batch 1] [--heads 8] [--dim 128]\n"
-          "                    [--iters 20] [--warmup 3] [--density 0.25] [--json FILE] [--no-sdpa]\n"
-          "                    [--kernels auto|portable|both] [--deterministic]\n"
-          "                    [--lists random|local] [--ops qat,vsa] [--qat-preset production|plain]\n"
-          "                    [--settle 0] [--layer T,H,W [--topk 78]]\n"
-          "  --kernels: the handle's kernel choice (FVA_KERNELS_*); both: every op twice, the\n"
-          "             portable kernels' rows marked '/portable'\n"
-          "  --deterministic: deterministic handles (on sm_90 the QAT backward at D = 128 then\n"
-          "             runs its dQ kernel instead of dQ fused into dK/dV)\n"
-          "  --lists: VSA's q2k lists: random (the default; the headline figures use it) or\n"
-          "             local (video-like: each q block picks the kv blocks nearest it in a\n"
-          "             (t, y, x) tile grid, with noise; neighbours share most of their picks)\n"
-          "  --ops: which of the library's ops run: qat, vsa or both (the default); PyTorch's\n"
-          "             SDPA runs unless --no-sdpa\n"
-          "  --qat-preset: the QAT ops' configuration: production (FastVideo's preset, the\n"
-          "             default; rows qat_*) or plain (quantize = 0: plain attention; rows plain_*)\n"
-          "  --layer: the whole VSA layer (with gate) on a T,H,W token grid in FastVideo's 4x4x4\n"
-          "             tiles, then its fine branch alone over the same lists (rows layer_*; the\n"
-          "             row layer_over_fine is (forward + backward) of the layer over the fine\n"
-          "             branch's, in its ms column); --ops layer runs it alone\n"
-          "  --settle: seconds the GPU idles before each op (SDPA's too), so that each starts\n"
-          "             from a rested card, not in the power state the ops before it left\n"
-          "             (the default, 0: the ops back to back, as a training step runs them)\n"
-          "SM MHz and W: NVML's SM clock and instantaneous board power over each op's timed calls\n"
-          "(medians); the driver refreshes both about every 100 ms, so an op that takes less\n"
-          "shows the reading from before it.\n");
-      return 0;
-    } else if (a == "--seq") {
-      if (!parse_list(next(), &o.seqs)) return 2;
-    } else if (a == "--batch" || a == "--heads" || a == "--dim" || a == "--iters" || a == "--warmup") {
-      if (!parse_list(next(), &one) || one.size() != 1) return 2;
-      (a == "--batch" ? o.B : a == "--heads" ? o.H : a == "--dim" ? o.D : one[0]) = one[0];
-      if (a == "--iters") o.iters = static_cast<int>(one[0]);
-      if (a == "--warmup") o.warmup = static_cast<int>(one[0]);
-    } else if (a == "--settle") {
-      char* end = nullptr;
-      const std::string v = next();
-      o.settle_s = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(o.settle_s >= 0.0) || o.settle_s > 600.0) {
-        fmt::print(stderr, "fvattn bench: --settle takes seconds from 0 to 600, not '{}'\n", v);
-        return 2;
-      }
-    } else if (a == "--density") {
-      o.density = std::atof(next().c_str());
-    } else if (a == "--lists") {
-      o.local_lists = one_of({"random", "local"}) == "local";
-    } else if (a == "--ops") {
-      const std::string v = next();
-      o.qat = v == "qat" || v == "qat,vsa" || v == "vsa,qat";
-      o.vsa = v == "vsa" || v == "qat,vsa" || v == "vsa,qat";
-      if (!o.qat && !o.vsa && v != "layer") {
-        fmt::print(stderr, "fvattn bench: --ops takes qat, vsa, qat,vsa or layer\n");
-        return 2;
-      }
-    } else if (a == "--layer") {
-      if (!parse_list(next(), &o.layer_grid) || o.layer_grid.size() != 3) {
-        fmt::print(stderr, "fvattn bench: --layer takes a token grid T,H,W\n");
-        return 2;
-      }
-    } else if (a == "--topk") {
-      if (!parse_list(next(), &one) || one.size() != 1 || one[0] < 1) return 2;
-      o.layer_topk = one[0];
-    } else if (a == "--qat-preset") {
-      o.plain = one_of({"production", "plain"}) == "plain";
-    } else if (a == "--json") {
-      o.json_path = next();
-    } else if (a == "--no-sdpa") {
-      o.sdpa = false;
-    } else if (a == "--deterministic") {
-      deterministic = 1;
-    } else if (a == "--kernels") {
-      kernels = one_of({"auto", "portable", "both"});
-    } else {
-      fmt::print(stderr, "fvattn bench: unknown option {}\n", a);
-      return 2;
-    }
-  }
-  for (int64_t s : o.seqs)
-    if (s % 64) {
-      fmt::print(stderr, "fvattn bench: sequence lengths must be multiples of 64 (VSA blocks)\n");
-      return 2;
-    }
+int cmd_bench(const BenchOptions& o) {
+  const std::string& kernels = o.kernels;
+  const int32_t deterministic = o.deterministic;
   fva_handle_info_t info;
   info.struct_size = sizeof info;
   cudaStream_t stream;
@@ -567,32 +432,51 @@ int cmd_bench(int argc, char** argv) {
                whole_or(r.clocks.sm_mhz_median, "-"), whole_or(r.clocks.watts_median, "-"), note);
   }
   if (!o.json_path.empty()) {
-    FILE* f = std::fopen(o.json_path.c_str(), "w");
+    // Field names are read by tools/device/ab_table.py and docs/perf.md: keep them.
+    auto rounded = [](double x, double unit) { return std::round(x / unit) * unit; };
+    auto whole = [](double x) -> nlohmann::ordered_json {  // null where NVML gave none
+      if (std::isnan(x)) return nullptr;
+      return static_cast<int64_t>(std::llround(x));
+    };
+    nlohmann::ordered_json j;
+    j["device"] = info.device_name;
+    j["image"] = info.image;
+    j["B"] = o.B;
+    j["H"] = o.H;
+    j["D"] = o.D;
+    j["iters"] = o.iters;
+    j["deterministic"] = deterministic;
+    j["vsa_density"] = o.density;
+    j["vsa_lists"] = o.local_lists ? "local" : "random";
+    j["settle_s"] = o.settle_s;
+    j["layer_grid"] = o.layer_grid;
+    j["layer_topk"] = o.layer_grid.empty() ? 0 : o.layer_topk;
+    j["results"] = nlohmann::ordered_json::array();
+    for (const Result& r : res) {
+      nlohmann::ordered_json x;
+      x["op"] = r.op;
+      x["S"] = r.S;
+      x["ms"] = rounded(r.ms, 1e-4);
+      x["tflops"] = rounded(r.tflops, 1e-2);
+      x["tflops_extra"] = rounded(r.tflops_extra, 1e-2);
+      x["sm_mhz_median"] = whole(r.clocks.sm_mhz_median);
+      x["sm_mhz_min"] = whole(r.clocks.sm_mhz_min);
+      x["power_w_median"] = whole(r.clocks.watts_median);
+      x["power_w_max"] = whole(r.clocks.watts_max);
+      if (r.clocks.samples == 0)
+        x["power_source"] = nullptr;
+      else
+        x["power_source"] = r.clocks.instant_power ? "instant" : "1s-average";
+      x["clock_samples"] = r.clocks.samples;
+      j["results"].push_back(std::move(x));
+    }
+    std::ofstream f(o.json_path);
+    f << j.dump(1) << "\n";
     if (!f) {
-      fmt::print(stderr, "fvattn bench: cannot write {}\n", o.json_path);
+      fmt::print(stderr, "fvattn bench: cannot write the JSON file {} (check the directory exists and is "
+                 "writable)\n", o.json_path);
       return 1;
     }
-    fmt::print(f, "{{\"device\": \"{}\", \"image\": \"{}\", \"B\": {}, \"H\": {}, \"D\": {}, \"iters\": {}, \"deterministic\": {}, "
-               "\"vsa_density\": {}, \"vsa_lists\": \"{}\", \"settle_s\": {}, \"layer_grid\": [{}], "
-               "\"layer_topk\": {}, \"results\": [\n",
-               info.device_name, info.image, o.B, o.H, o.D, o.iters, deterministic, o.density,
-               o.local_lists ? "local" : "random", o.settle_s, fmt::join(o.layer_grid, ", "),
-               o.layer_grid.empty() ? 0 : o.layer_topk);
-    for (size_t i = 0; i < res.size(); ++i) {
-      const Result& r = res[i];
-      fmt::print(f,
-                 "  {{\"op\": \"{}\", \"S\": {}, \"ms\": {:.4f}, \"tflops\": {:.2f}, \"tflops_extra\": {:.2f}, "
-                 "\"sm_mhz_median\": {}, \"sm_mhz_min\": {}, \"power_w_median\": {}, \"power_w_max\": {}, "
-                 "\"power_source\": {}, \"clock_samples\": {}}}{}\n",
-                 r.op, r.S, r.ms, r.tflops, r.tflops_extra, whole_or(r.clocks.sm_mhz_median, "null"),
-                 whole_or(r.clocks.sm_mhz_min, "null"), whole_or(r.clocks.watts_median, "null"),
-                 whole_or(r.clocks.watts_max, "null"),
-                 r.clocks.samples == 0 ? "null" : r.clocks.instant_power ? "\"instant\"" : "\"1s-average\"",
-                 r.clocks.samples,
-                 i + 1 < res.size() ? "," : "");
-    }
-    fmt::print(f, "]}}\n");
-    std::fclose(f);
   }
   return 0;
 }

@@ -8,8 +8,11 @@
 
 namespace fvtool {
 
-// `fvattn bench [options]`; returns the exit status.
-int cmd_bench(int argc, char** argv);
+struct BenchOptions;
+
+// `fvattn bench` with its parsed options (tools/bench_options.h), on the GPU that tools/fvattn.cpp
+// found; returns the exit status.
+int cmd_bench(const BenchOptions& o);
 
 // `fvattn demo` on the GPU of handle h (a CUDA handle with a kernel image); returns the exit status.
 int demo_gpu(fva_handle_t h, int64_t heads, int64_t seq, uint64_t seed, int runs);

@@ -1,10 +1,13 @@
 // The fvattn command line.
-//   fvattn info   what this library is and what it runs on (version, ABI, backend, device or why none)
+//   fvattn info   what this library is and what it runs on (version, ABI, backend, device or why none,
+//                 the dispatch table)
 //   fvattn demo   the main job: QAT and VSA attention forward and backward, checked against the
 //                 independent float64 reference (tools/reference64), timed, printed as a table; on the
 //                 GPU when there is one (tools/demo_gpu.cpp), else on the CPU reference backend
 //   fvattn bench  GPU TFLOPS over shapes, with PyTorch SDPA alongside (tools/bench.cpp)
-// It uses only the public C API, like any client.
+// It uses only the public C API, like any client; CLI11 parses its arguments (every command answers
+// --help) and nlohmann-json writes bench's JSON.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fvattn/fvattn.h>
 
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_options.h"
 #include "reference64.h"
 #include "tensor_desc.h"
 #if FVATTN_TOOLS_GPU
@@ -149,15 +153,69 @@ struct Row {
 
 // ---- info ---------------------------------------------------------------------------------------------
 
-// What the CUDA backend runs for an operation (kernels/, docs/ARCHITECTURE.md).
-const char* cuda_kernel_of(const char* op) {
-  const std::string o = op;
-  if (o == "qat_forward") return "qat: mma.sync, 64-row blocks (4 warps x 16), 64-key tiles";
-  if (o == "qat_backward") return "prep Delta + qat: dQ per 64 rows, dK/dV per 64 keys";
-  if (o == "vsa_forward") return "vsa: mma.sync, 64-row q blocks (2 warps x 32)";
-  if (o == "vsa_backward") return "vsa: k2q inverse, dQ per q block, dK/dV per kv block";
-  if (o == "vsa_invert_indices") return "vsa: count, scan, scatter, sort, emit";
-  return "prep: one warp per token tile";
+// What runs on the GPU, by operation, in the table `fvattn info` prints. The tool sees only the
+// public API, so it derives this from fva_get_info's image and kernels fields with the library's own
+// rules (kept in step with them by hand): src/cuda/sm90_kernels.cpp's sm90_available (image sm_90a,
+// FVA_KERNELS_AUTO, D 64 or 128: every head dim the CUDA backend takes) and sm90_covers_p_scale (P
+// unquantized or in block scales), as the planners src/cuda/qat_plan.cpp and vsa_plan.cpp apply them.
+struct KernelRow {
+  const char* op;
+  std::string cuda;  // the kernel(s) on this handle's device
+};
+
+std::vector<KernelRow> cuda_kernels(const fva_handle_info_t& info) {
+  const bool native = std::strcmp(info.image, "sm_90a") == 0 && info.kernels == FVA_KERNELS_AUTO;
+  const std::string ds =
+      info.ds_budget_mib > 0
+          ? fmt::format("dQ from stored dS within ds_budget_mib ({} MiB), beyond it {}", info.ds_budget_mib,
+                        info.deterministic ? "the dQ kernel" : "dQ fused into dK/dV (D = 128) or the dQ kernel")
+          : std::string(info.deterministic ? "dQ kernel (ds_budget_mib 0)"
+                                           : "dQ fused into dK/dV at D = 128, else the dQ kernel "
+                                             "(ds_budget_mib 0)");
+  std::vector<KernelRow> rows;
+  if (native) {
+    rows = {
+        {"qat_forward",
+         "sm90: TMA + wgmma, warp-specialized (P unquantized or in block scales, FastVideo's "
+         "preset); P in tile/row scales: portable mma.sync"},
+        {"qat_backward",
+         "prep Delta + sm90 dK/dV (wgmma), " + ds + "; P in tile/row scales: portable dK/dV"},
+        {"vsa_forward", "sm90: TMA + wgmma, warp-specialized, 64-row q blocks"},
+        {"vsa_backward", "k2q inverse + sm90 dK/dV per kv block (wgmma), " + ds},
+    };
+  } else {
+    rows = {
+        {"qat_forward", "portable: mma.sync, 64-row blocks (4 warps x 16), 64-key tiles"},
+        {"qat_backward", "portable: prep Delta + dQ per 64 rows, dK/dV per 64 keys (mma.sync)"},
+        {"vsa_forward", "portable: mma.sync, 64-row q blocks (2 warps x 32)"},
+        {"vsa_backward", "portable: k2q inverse, dQ per q block, dK/dV per kv block (mma.sync)"},
+    };
+  }
+  rows.push_back({"vsa_layer",
+                  "block means, coarse attention + top-k, gate (kernels/vsa_layer); fine branch: "
+                  "the vsa_forward/vsa_backward rows"});
+  rows.push_back({"vsa_invert_indices", "portable: count, scan, scatter, sort, emit"});
+  rows.push_back({"nvfp4_fake_quantize", "prep: one warp per token tile"});
+  return rows;
+}
+
+// The reason inside the library's "FVA_BACKEND_CUDA requested but no usable CUDA device: <why>":
+// the tools probe for a GPU on their own account, the user asked for no backend.
+std::string no_gpu_reason(std::string e) {
+  const std::string marker = "no usable CUDA device: ";
+  const size_t at = e.find(marker);
+  if (at != std::string::npos) e = e.substr(at + marker.size());
+  return e.empty() ? std::string("no CUDA driver or device") : e;
+}
+
+// A CUDA handle on the default device, or nullptr and why there is none.
+fva_handle_t probe_gpu(std::string* why) {
+  fva_handle_t h = nullptr;
+  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
+  opts.backend = FVA_BACKEND_CUDA;
+  if (fva_create(&h, &opts) == FVA_OK) return h;
+  *why = no_gpu_reason(fva_last_error());
+  return nullptr;
 }
 
 // A handle's options as fva_create resolved them (FVA_OPTION_AUTO fields from their environment
@@ -177,23 +235,27 @@ void print_options(const fva_handle_info_t& info) {
 int cmd_info() {
   fmt::print("fvattn {}.{}.{} (library {}, ABI {}; header ABI {})\n", FVA_VERSION_MAJOR,
              FVA_VERSION_MINOR, FVA_VERSION_PATCH, fva_version(), fva_abi_version(), FVA_ABI_VERSION);
-  fva_handle_t h = nullptr;
-  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
-  opts.backend = FVA_BACKEND_CUDA;
-  if (fva_create(&h, &opts) == FVA_OK) {
-    fva_handle_info_t info;
-    info.struct_size = sizeof info;
-    check(fva_get_info(h, &info), "fva_get_info");
-    fmt::print("CUDA device {}: {} (sm_{}{}, {} SMs)\n", info.device, info.device_name,
-               info.sm_major, info.sm_minor, info.sm_count);
-    fmt::print("CUDA kernel image: {}{}\n", info.image,
-               std::strcmp(info.image, "none") == 0
-                   ? " (no image for this device: CUDA handles return FVA_ERR_UNSUPPORTED)"
-                   : " (portable mma.sync kernels: QAT, VSA, NVFP4 prep)");
-    print_options(info);
+  std::string why;
+  fva_handle_t h = probe_gpu(&why);
+  fva_handle_info_t gpu{};
+  bool have_gpu = false;
+  if (h != nullptr) {
+    gpu.struct_size = sizeof gpu;
+    check(fva_get_info(h, &gpu), "fva_get_info");
     fva_destroy(h);
+    fmt::print("CUDA device {}: {} (sm_{}{}, {} SMs)\n", gpu.device, gpu.device_name, gpu.sm_major,
+               gpu.sm_minor, gpu.sm_count);
+    const bool none = std::strcmp(gpu.image, "none") == 0;
+    const bool native = std::strcmp(gpu.image, "sm_90a") == 0 && gpu.kernels == FVA_KERNELS_AUTO;
+    fmt::print("CUDA kernel image: {}{}\n", gpu.image,
+               none ? " (this build has no image for this device: CUDA handles return "
+                      "FVA_ERR_UNSUPPORTED; rebuild with its architecture in FVATTN_SASS_ARCHS)"
+               : native ? " (Hopper-native kernels where they apply, portable mma.sync elsewhere)"
+                        : " (portable mma.sync kernels: QAT, VSA, NVFP4 prep)");
+    print_options(gpu);
+    have_gpu = !none;
   } else {
-    fmt::print("CUDA: unavailable: {}\n", fva_last_error());
+    fmt::print("GPU: no GPU found ({}); using the CPU backend\n", why);
   }
   check(fva_create(&h, nullptr), "fva_create(AUTO)");
   fva_handle_info_t info;
@@ -202,6 +264,7 @@ int cmd_info() {
   fmt::print("default backend (FVA_BACKEND_AUTO): {} ({})\n", backend_name(info.backend),
              info.device_name);
   fva_destroy(h);
+  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
   opts.backend = FVA_BACKEND_CPU;
   check(fva_create(&h, &opts), "fva_create(CPU)");
   check(fva_get_info(h, &info), "fva_get_info");
@@ -209,21 +272,28 @@ int cmd_info() {
              "from FVATTN_NUM_THREADS)\n",
              info.sm_count);
   fva_destroy(h);
-  fmt::print("\ndispatch table:\n");
+  fmt::print("\ndispatch table ({}):\n",
+             have_gpu ? fmt::format("CUDA rows: what runs on {} with default handle options",
+                                    gpu.device_name)
+                      : std::string("CPU backend only: no usable GPU here"));
   fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "op", "backend", "dtype", "head dim", "kernel");
-  for (const char* op : {"qat_forward", "qat_backward", "vsa_forward", "vsa_backward",
-                         "vsa_invert_indices", "nvfp4_fake_quantize"}) {
-    const bool vsa = std::strncmp(op, "vsa", 3) == 0;
-    const bool indices = std::strcmp(op, "vsa_invert_indices") == 0;
-    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", op, "CPU", indices ? "int32" : "bf16, f16",
-               vsa ? (indices ? "-" : "64, 128")
-                   : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16"
-                                                                  : "16,32,64,128,256"),
+  const std::vector<KernelRow> cuda = cuda_kernels(gpu);
+  for (const KernelRow& row : cuda) {
+    const std::string op = row.op;
+    const bool indices = op == "vsa_invert_indices", nvfp4 = op == "nvfp4_fake_quantize";
+    const bool vsa = op.compare(0, 3, "vsa") == 0;
+    const char* dtype = indices ? "int32" : "bf16, f16";
+    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", op, "CPU", dtype,
+               indices ? "-" : vsa ? "64, 128" : nvfp4 ? "multiple of 16" : "16,32,64,128,256",
                "reference (src/cpu)");
-    fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "", "CUDA", indices ? "int32" : "bf16, f16",
-               indices ? "-" : (std::strcmp(op, "nvfp4_fake_quantize") == 0 ? "multiple of 16" : "64, 128"),
-               cuda_kernel_of(op));
+    if (have_gpu)
+      fmt::print("  {:<22} {:<8} {:<12} {:<18} {}\n", "", "CUDA", dtype,
+                 indices ? "-" : nvfp4 ? "multiple of 16" : "64, 128", row.cuda);
   }
+  if (!have_gpu)
+    fmt::print("(on a GPU, `fvattn info` adds the CUDA rows: on sm_90a (H100, H200) Hopper-native "
+               "kernels (TMA, wgmma) for the QAT forward, the VSA forward and both backwards' dQ/dK/dV, "
+               "portable mma.sync kernels elsewhere)\n");
   return 0;
 }
 
@@ -448,58 +518,40 @@ Row demo_layer(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, int run
   return row;
 }
 
-bool parse_int(const char* s, int64_t* out) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 10);
-  if (end == s || *end != '\0' || v <= 0) return false;
-  *out = v;
-  return true;
-}
-
-int cmd_demo(int argc, char** argv) {
+struct DemoOptions {
   DemoShape s;
   uint64_t seed = std::random_device{}();
   int runs = 3;
-  bool seq_set = false, heads_set = false;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    int64_t v = 0;
-    auto value = [&](int64_t* out) {
-      if (i + 1 >= argc || !parse_int(argv[i + 1], out)) {
-        fmt::print(stderr, "fvattn demo: {} needs a positive integer\n", a);
-        std::exit(2);
-      }
-      ++i;
-    };
-    if (a == "--seq") {
-      value(&s.S);
-      seq_set = true;
-      if (s.S % 64) {
-        fmt::print(stderr, "fvattn demo: --seq must be a multiple of 64 (VSA blocks)\n");
-        return 2;
-      }
-    } else if (a == "--heads") {
-      value(&s.H);
-      heads_set = true;
-    } else if (a == "--seed") {
-      value(&v);
-      seed = static_cast<uint64_t>(v);
-    } else if (a == "--runs") {
-      value(&v);
-      runs = static_cast<int>(v);
-    } else {
-      fmt::print(stderr, "fvattn demo: unknown option {}\n", a);
-      return 2;
-    }
+  CLI::Option* seq = nullptr;    // set: --seq given
+  CLI::Option* heads = nullptr;  // set: --heads given
+};
+
+void add_demo_options(CLI::App& cmd, DemoOptions& d) {
+  d.seq = cmd.add_option("--seq", d.s.S, "sequence length, a multiple of 64 (GPU default 16384, CPU 1024)")
+              ->check(CLI::PositiveNumber);
+  d.heads = cmd.add_option("--heads", d.s.H, "heads (GPU default 8, CPU 2)")->check(CLI::PositiveNumber);
+  cmd.add_option("--seed", d.seed, "random seed (default: fresh each run, printed)");
+  cmd.add_option("--runs", d.runs, "timed runs per op")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd.footer("On the GPU when there is one (B=1, H=8, S=16384, D=128 by default), else on the CPU\n"
+             "reference backend (B=1, H=2, S=1024, D=128). Exit status 1 if a check fails.");
+}
+
+int cmd_demo(DemoOptions& d) {
+  DemoShape& s = d.s;
+  const uint64_t seed = d.seed;
+  const int runs = d.runs;
+  const bool seq_set = d.seq->count() > 0, heads_set = d.heads->count() > 0;
+  if (s.S % 64) {
+    fmt::print(stderr, "fvattn demo: --seq {} is not a multiple of 64 (VSA's block size); try --seq {}\n",
+               s.S, (s.S + 63) / 64 * 64);
+    return 2;
   }
 
   // On the GPU when there is one with a kernel image (B=1, H=8, S=16384 by default), else on the
   // CPU reference backend at a smaller shape, saying why.
-  fva_handle_t h = nullptr;
-  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
-  opts.backend = FVA_BACKEND_CUDA;
   std::string why;
-  if (fva_create(&h, &opts) == FVA_OK) {
+  fva_handle_t h = probe_gpu(&why);
+  if (h != nullptr) {
     fva_handle_info_t ci;
     ci.struct_size = sizeof ci;
     check(fva_get_info(h, &ci), "fva_get_info");
@@ -509,16 +561,19 @@ int cmd_demo(int argc, char** argv) {
       fva_destroy(h);
       return rc;
     }
-    why = fmt::format("no kernel image for {} in this build", ci.device_name);
+    why = fmt::format("GPU {} (sm_{}{}) found, but this build has no kernel image for it", ci.device_name,
+                      ci.sm_major, ci.sm_minor);
 #else
     (void)seq_set;
     (void)heads_set;
-    why = "this fvattn tool was built without CUDA (FVATTN_CUDA=OFF)";
+    why = fmt::format("GPU {} found, but this fvattn was built without CUDA (FVATTN_CUDA=OFF)",
+                      ci.device_name);
 #endif
     fva_destroy(h);
   } else {
-    why = fva_last_error();
+    why = fmt::format("no GPU found ({})", why);
   }
+  fva_handle_options_t opts = FVA_HANDLE_OPTIONS_INIT;
   opts.backend = FVA_BACKEND_CPU;
   check(fva_create(&h, &opts), "fva_create(CPU)");
   fva_handle_info_t info;
@@ -527,7 +582,7 @@ int cmd_demo(int argc, char** argv) {
 
   fmt::print("fvattn {}.{}.{} demo: B={} H={} S={} D={}, bf16, seed {}\n", FVA_VERSION_MAJOR,
              FVA_VERSION_MINOR, FVA_VERSION_PATCH, s.B, s.H, s.S, s.D, seed);
-  fmt::print("backend: CPU reference, {} threads ({})\n", info.sm_count, why);
+  fmt::print("backend: {}; using the CPU backend (reference, {} threads)\n", why, info.sm_count);
   fmt::print("QAT: FastVideo production preset (NVFP4 block scales, high-precision o); "
              "VSA: 25% of kv blocks per q block, last block 40 tokens; VSA layer: the whole\n"
              "video_sparse_attn with gate, top-k a quarter of the blocks\n");
@@ -560,51 +615,104 @@ int cmd_demo(int argc, char** argv) {
   return all ? 0 : 1;
 }
 
-void usage() {
-  fmt::print(
-      "usage: fvattn <command> [options]\n\n"
-      "commands:\n"
-      "  info                 version, ABI, backends, device (or why there is none), dispatch table\n"
-      "  demo [options]       QAT and VSA attention forward+backward, checked against the float64\n"
-      "                       reference and timed; exit status 1 if a check fails\n"
-      "      --seq N          sequence length (multiple of 64; default 1024)\n"
-      "      --heads N        heads (default 2)\n"
-      "      --seed N         random seed (default: fresh each run, printed)\n"
-      "      --runs N         timed runs per op (default 3)\n"
-      "                       (GPU: B=1, H=8, S=16384, D=128 by default; CPU backend: H=2, S=1024)\n"
-      "  bench [options]      GPU TFLOPS of QAT and VSA forward/backward over shapes, PyTorch SDPA\n"
-      "                       alongside when importable (fvattn bench --help)\n"
-      "  version              print the library version\n");
+// `fvattn bench`: parsed here in every build (its --help works without CUDA); it runs only on a GPU.
+int cmd_bench(fvtool::BenchOptions& o, const fvtool::BenchParse& p) {
+  const std::string bad = fvtool::finish_bench_options(o, p);
+  if (!bad.empty()) {
+    fmt::print(stderr, "fvattn bench: {}\nRun 'fvattn bench --help' for its options.\n", bad);
+    return 2;
+  }
+  std::string why;
+  fva_handle_t h = probe_gpu(&why);
+  if (h == nullptr) {
+    fmt::print(stderr,
+               "fvattn bench: no GPU found ({}).\nbench times the CUDA kernels and needs an NVIDIA GPU "
+               "with its driver; run it on such a machine, or run 'fvattn demo' to check the library "
+               "on the CPU backend here.\n",
+               why);
+    return 1;
+  }
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  check(fva_get_info(h, &info), "fva_get_info");
+  fva_destroy(h);
+#if FVATTN_TOOLS_GPU
+  if (std::strcmp(info.image, "none") == 0) {
+    fmt::print(stderr,
+               "fvattn bench: GPU {} (sm_{}{}) found, but this build has no kernel image for it; "
+               "rebuild with its architecture in FVATTN_SASS_ARCHS.\n",
+               info.device_name, info.sm_major, info.sm_minor);
+    return 1;
+  }
+  return fvtool::cmd_bench(o);
+#else
+  fmt::print(stderr,
+             "fvattn bench: GPU {} found, but this fvattn was built without CUDA (FVATTN_CUDA=OFF); "
+             "rebuild with -DFVATTN_CUDA=ON to run bench.\n",
+             info.device_name);
+  return 1;
+#endif
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"fvattn: QAT and VSA video attention (libfvattn): what it runs on, a checked demo, "
+               "GPU benchmarks",
+               "fvattn"};
+  app.require_subcommand(0, 1);
+  app.footer("Run 'fvattn <command> --help' for a command's options.");
+  CLI::App* info = app.add_subcommand(
+      "info", "version, ABI, backends, the GPU (or why there is none), and what runs where");
+  info->footer("Takes no options.");
+  DemoOptions demo_opts;
+  CLI::App* demo = app.add_subcommand(
+      "demo", "QAT and VSA attention forward+backward, checked against the float64 reference, timed");
+  add_demo_options(*demo, demo_opts);
+  fvtool::BenchOptions bench_opts;
+  fvtool::BenchParse bench_parse;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "GPU TFLOPS of QAT and VSA forward/backward over shapes, PyTorch SDPA alongside");
+  fvtool::add_bench_options(*bench, bench_opts, bench_parse);
+  CLI::App* version = app.add_subcommand("version", "print the library version (MAJOR.MINOR.PATCH)");
+  version->footer("Takes no options.");
+
   if (argc < 2) {
-    usage();
+    fmt::print(stderr, "fvattn: no command given.\n{}", app.help());
     return 2;
   }
-  const std::string cmd = argv[1];
-  if (cmd == "info") return cmd_info();
-  if (cmd == "demo") return cmd_demo(argc - 2, argv + 2);
-  if (cmd == "bench") {
-#if FVATTN_TOOLS_GPU
-    return fvtool::cmd_bench(argc - 2, argv + 2);
-#else
-    fmt::print(stderr, "fvattn bench: this tool was built without CUDA (FVATTN_CUDA=OFF)\n");
-    return 2;
-#endif
+  const std::string first = argv[1];
+  if (first == "help") {
+    fmt::print("{}", app.help());
+    return 0;
   }
-  if (cmd == "version") {
+  const bool known = first == "info" || first == "demo" || first == "bench" || first == "version";
+  if (first.empty() || (first[0] != '-' && !known)) {
+    fmt::print(stderr, "fvattn: unknown command '{}'; the commands are info, demo, bench and version.\n"
+               "Run 'fvattn --help' for what each does.\n", first);
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);  // the help of the command given (CLI11 delegates to the subcommand)
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const std::vector<CLI::App*> given = app.get_subcommands();
+    const std::string cmd = given.empty() ? std::string("fvattn") : "fvattn " + given[0]->get_name();
+    fmt::print(stderr, "{}: {}\nRun '{} --help' for {}.\n", cmd, e.what(), cmd,
+               given.empty() ? "the commands" : "its options");
+    return 2;
+  }
+  if (info->parsed()) return cmd_info();
+  if (demo->parsed()) return cmd_demo(demo_opts);
+  if (bench->parsed()) return cmd_bench(bench_opts, bench_parse);
+  if (version->parsed()) {
     const int32_t v = fva_version();
     fmt::print("{}.{}.{}\n", v / 10000, v / 100 % 100, v % 100);
     return 0;
   }
-  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
-    usage();
-    return 0;
-  }
-  fmt::print(stderr, "fvattn: unknown command '{}'\n", cmd);
-  usage();
+  fmt::print(stderr, "fvattn: no command given.\n{}", app.help());
   return 2;
 }

@@ -15,7 +15,16 @@ add_test(NAME library_exports
 add_test(NAME installed_consumers
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/consumer/run_consumers.sh ${PROJECT_BINARY_DIR}
                  ${CMAKE_CURRENT_SOURCE_DIR}/consumer ${CMAKE_C_COMPILER} "${FVA_CONSUMER_SANITIZE}")
-set_tests_properties(installed_consumers PROPERTIES FIXTURES_SETUP c99_consumer)
+set_tests_properties(installed_consumers PROPERTIES FIXTURES_SETUP c99_consumer RESOURCE_LOCK fvattn_install)
+
+# The installed command-line tool runs from its prefix (its install RPATH finds the installed library).
+# RESOURCE_LOCK: every `cmake --install` of this build writes the build's install_manifest.txt.
+if(FVATTN_BUILD_TOOLS)
+  add_test(NAME installed_tool
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/install/installed_tool.sh ${PROJECT_BINARY_DIR}
+                   ${PROJECT_BINARY_DIR}/installed-tool-prefix ${PROJECT_VERSION})
+  set_tests_properties(installed_tool PROPERTIES RESOURCE_LOCK fvattn_install)
+endif()
 
 # valgrind memcheck over the installed C99 consumer that installed_consumers built: no invalid
 # access, no use of uninitialized memory, no leak, through the public API from plain C. Not in a

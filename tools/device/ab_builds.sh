@@ -38,7 +38,8 @@ else
 fi
 if ! { cmake -S "$base" -B "$base/build-gpu" -G Ninja -DFVATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
          -DFVATTN_BUILD_TESTS=OFF -DFVATTN_BINDINGS=OFF ${AB_CMAKE_ARGS:-} \
-         -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest" &&
+         -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" -Ddoctest_DIR="$deps/lib/cmake/doctest" \
+         -DCLI11_DIR="$deps/share/cmake/CLI11" -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" &&
        cmake --build "$base/build-gpu" -j "$(nproc)"; } > "$OUT/ab-base-build.log" 2>&1; then
   tail -n 20 "$OUT/ab-base-build.log"; echo "ab: the base did not build"; exit 1
 fi

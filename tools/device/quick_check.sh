@@ -26,7 +26,8 @@ step() {  # step NAME LIMIT COMMAND...
 }
 step build "$t_build" bash -c "cmake -S . -B $B -G Ninja -DFVATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
   -DFVATTN_SASS_ARCHS=90a -DFVATTN_BINDINGS=OFF -Dfmt_DIR=$deps/lib/x86_64-linux-gnu/cmake/fmt \
-  -Ddoctest_DIR=$deps/lib/cmake/doctest && cmake --build $B -j $(nproc)"
+  -Ddoctest_DIR=$deps/lib/cmake/doctest -DCLI11_DIR=$deps/share/cmake/CLI11 \
+  -Dnlohmann_json_DIR=$deps/share/cmake/nlohmann_json && cmake --build $B -j $(nproc)"
 step layer "$t_layer" "$B/tests/test_gpu_vsa_layer"
 step ops "$t_ops" "$B/tests/test_gpu_ops"
 step memcheck "$t_mem" env FVATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 1 \

@@ -7,7 +7,7 @@ import ctypes
 from ctypes import POINTER, c_char, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 
 from . import _library
-from ._errors import Error, STATUS_NAMES
+from ._errors import Error, STATUS_NAMES, with_layout_hint
 
 ABI_VERSION = 1
 MAX_RANK = 6
@@ -149,7 +149,7 @@ def check(status):
     """Raises fvattn.Error for a status other than FVA_OK, with the calling thread's message (read
     at once: it is per thread and the next fvattn call on this thread may replace it)."""
     if status != 0:
-        message = lib().fva_last_error().decode("utf-8", "replace")
+        message = with_layout_hint(lib().fva_last_error().decode("utf-8", "replace"))
         raise Error(status, STATUS_NAMES.get(status, f"status {status}"), message)
 
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from . import _capi
-from ._errors import invalid_argument
+from ._errors import invalid_argument, with_layout_hint
 
 _ALIGN = 256  # bytes; the library needs 16, GPU allocators give 256, so host outputs match them
 
@@ -52,8 +52,8 @@ def _element_strides(name, byte_strides, itemsize):
     out = []
     for i, s in enumerate(byte_strides):
         if s % itemsize:
-            raise invalid_argument(f"{name}: stride {i} is {s} bytes, not a whole number of "
-                                   f"{itemsize}-byte elements")
+            raise invalid_argument(with_layout_hint(f"{name}: stride {i} is {s} bytes, not a whole "
+                                                    f"number of {itemsize}-byte elements"))
         out.append(s // itemsize)
     return out
 

@@ -7,6 +7,7 @@ passed to the library as they are, so a value out of range is reported by the li
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Optional, Union
 
 from . import _capi
@@ -106,6 +107,29 @@ class VsaLayerConfig:
         return _capi.VsaLayerConfigC(struct_size=_capi.ctypes.sizeof(_capi.VsaLayerConfigC),
                                      softmax_scale=_scale(self.softmax_scale),
                                      block_size=int(self.block_size), topk=topk)
+
+
+def coerce(config, cls, argname="config"):
+    """config as a cls: None gives cls() (the defaults), a cls instance is used as it is, a dict (or
+    other mapping) of cls's field names is turned into one; anything else raises a TypeError that
+    names the class expected."""
+    if config is None:
+        return cls()
+    if isinstance(config, cls):
+        return config
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if isinstance(config, Mapping):
+        unknown = sorted(str(k) for k in config if k not in fields)
+        if unknown:
+            raise TypeError(f"{argname}: unknown {cls.__name__} field(s) {unknown}; the fields are "
+                            f"{fields}")
+        try:
+            return cls(**config)
+        except TypeError as e:  # a required field (VsaLayerConfig's topk) missing
+            raise TypeError(f"{argname}: {e} (pass a dict of fvattn.{cls.__name__}'s fields "
+                            f"{fields}, or fvattn.{cls.__name__}(...))") from None
+    raise TypeError(f"{argname} must be fvattn.{cls.__name__} (or a dict of its fields {fields}), "
+                    f"not {type(config).__module__}.{type(config).__qualname__}")
 
 
 def block_tokens(block_size):

@@ -7,6 +7,7 @@ owning their memory and stream.
 import collections
 import ctypes
 import functools
+import operator
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from . import _capi
 from ._call import Call
 from ._errors import invalid_argument
 from ._frameworks import is_jax_array
-from .config import Nvfp4Config, QatConfig, VsaConfig, VsaLayerConfig
+from .config import Nvfp4Config, QatConfig, VsaConfig, VsaLayerConfig, coerce
 
 
 def _jax_inputs(*arrays):
@@ -22,11 +23,24 @@ def _jax_inputs(*arrays):
 
 
 def _qat_config(config):
-    return (config if config is not None else QatConfig()).to_c()
+    return coerce(config, QatConfig).to_c()
 
 
 def _vsa_config(config):
-    return (config if config is not None else VsaConfig()).to_c()
+    return coerce(config, VsaConfig).to_c()
+
+
+def num_kv_blocks_arg(num_kv_blocks):
+    """vsa_invert_indices' num_kv_blocks as an int >= 1, or an error that names the argument."""
+    try:
+        n = operator.index(num_kv_blocks)
+    except TypeError:
+        raise TypeError(f"num_kv_blocks must be an int (the kv block count, k.shape[2] // 64), "
+                        f"not {type(num_kv_blocks).__name__}") from None
+    if not 1 <= n < 2**31:
+        raise invalid_argument(f"num_kv_blocks is {n} but must be >= 1 (the kv block count, "
+                               "k.shape[2] // 64) and fit in int32")
+    return n
 
 
 def qat_attention_forward(q, k, v, config=None):
@@ -115,6 +129,7 @@ def vsa_invert_indices(q2k_idx, q2k_num, num_kv_blocks):
     """The q->kv block lists inverted (fva_vsa_invert_indices): returns (k2q_idx int32
     [B, H, num_kv_blocks, nq], each row's q blocks ascending and -1 past its count; k2q_num int32
     [B, H, num_kv_blocks])."""
+    num_kv_blocks = num_kv_blocks_arg(num_kv_blocks)
     if _jax_inputs(q2k_idx, q2k_num):
         from .jax import _primitives
         return _primitives.vsa_invert_indices(q2k_idx, q2k_num, num_kv_blocks)
@@ -134,7 +149,7 @@ def nvfp4_fake_quantize(x, config=None):
     """NVFP4 fake quantization of x [B, H, S, D] (fva_nvfp4_fake_quantize): what QAT attention
     applies to q, k and v. Returns y, like x."""
     lib = _capi.lib()
-    cfg = (config if config is not None else Nvfp4Config()).to_c()
+    cfg = coerce(config, Nvfp4Config).to_c()
     c = Call({"x": x})
     c.output("y", c.shape("x"), c.dtype("x"))
     _capi.check(lib.fva_nvfp4_fake_quantize(c.handle, ctypes.byref(cfg), c.t("x"), c.t("y"), c.stream))

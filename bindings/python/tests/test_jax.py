@@ -210,3 +210,18 @@ def test_deterministic_handles_from_the_environment():
         out[value] = r.stdout.strip()
     assert "FVATTN_DETERMINISTIC='yes': expected '0' or '1'" in out["yes"], out["yes"]
     assert np.isfinite(float(out["0"])) and out["0"] == out["1"], out  # the CPU backend: the same
+
+
+def test_configs_as_dicts_and_argument_errors():
+    # Issue 49: a dict config maps to its class, another type is a TypeError naming it, and
+    # vsa_invert_indices names a bad num_kv_blocks instead of an internal output's shape.
+    q = normal(1, (1, 1, 32, 16))
+    np.testing.assert_array_equal(np.asarray(fj.qat_attention(q, q, q, {"quantize": False, "high_precision_o": False})),
+                                  np.asarray(fj.qat_attention(q, q, q, PLAIN)))
+    with pytest.raises(TypeError, match=r"^config must be fvattn\.QatConfig"):
+        fj.qat_attention(q, q, q, 1)
+    idx, num = jnp.zeros((1, 1, 2, 1), jnp.int32), jnp.ones((1, 1, 2), jnp.int32)
+    for f in (fj.vsa_invert_indices, fvattn.vsa_invert_indices):
+        with pytest.raises(fvattn.Error, match=r"^FVA_ERR_INVALID_ARGUMENT: num_kv_blocks is -1 but must be >= 1"):
+            f(idx, num, -1)
+    assert np.asarray(fj.vsa_invert_indices(idx, num, 2)[1]).tolist() == [[[2, 0]]]

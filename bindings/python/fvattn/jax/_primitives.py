@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _capi, _library
-from ..config import QatConfig, VsaConfig, VsaLayerConfig
+from ..config import QatConfig, VsaConfig, VsaLayerConfig, coerce
 from . import _checks
 
 # target name -> handler symbol prefix in libfvattn_jax.so (+ "Cpu" / "Cuda")
@@ -59,11 +59,11 @@ def _sds(shape, dtype):
 
 def qat_config(config):
     """The C config of a QatConfig (None: the defaults)."""
-    return (config if config is not None else QatConfig()).to_c()
+    return coerce(config, QatConfig).to_c()
 
 
 def vsa_config(config):
-    return (config if config is not None else VsaConfig()).to_c()
+    return coerce(config, VsaConfig).to_c()
 
 
 def qat_attrs(cfg):
@@ -127,6 +127,8 @@ def vsa_backward(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, config=No
 
 
 def vsa_invert_indices(q2k_idx, q2k_num, num_kv_blocks):
+    from ..ops import num_kv_blocks_arg
+    num_kv_blocks = num_kv_blocks_arg(num_kv_blocks)
     _checks.check_invert(q2k_idx, q2k_num, num_kv_blocks)
     B, H, nq = q2k_idx.shape[:3]
     outs = (_sds((B, H, int(num_kv_blocks), nq), jnp.int32), _sds((B, H, int(num_kv_blocks)), jnp.int32))
@@ -135,7 +137,7 @@ def vsa_invert_indices(q2k_idx, q2k_num, num_kv_blocks):
 
 def nvfp4_fake_quantize(x, config=None):
     from ..config import Nvfp4Config
-    cfg = (config if config is not None else Nvfp4Config()).to_c()
+    cfg = coerce(config, Nvfp4Config).to_c()
     _checks.dtype_code("x", x.dtype)
     return _call("fvattn_nvfp4_fake_quantize", _sds(x.shape, x.dtype), x,
                  scale_mode=np.int32(cfg.scale_mode), tile_tokens=np.int32(cfg.tile_tokens))
