@@ -71,6 +71,19 @@ void check_block_sizes(const fva_tensor_t* q_block_sizes, const fva_tensor_t* kv
                "num_kv_blocks = k.shape[2] / 64");
 }
 
+// What the forward and the backward check first, in this order: the config, q, k, v, the gate
+// (like q, or NULL) and the block sizes; returns the problem, its gate flag set.
+VsaLayerProblem checked_layer_call(const fva_vsa_layer_config_t* cfg, const fva_tensor_t* q,
+                                   const fva_tensor_t* k, const fva_tensor_t* v,
+                                   const fva_tensor_t* gate, const fva_tensor_t* q_block_sizes,
+                                   const fva_tensor_t* kv_block_sizes) {
+  VsaLayerProblem p = checked_layer_problem(cfg, q, k, v);
+  if (gate != nullptr) check_like("gate", gate, "q", q, false);
+  p.gate = gate != nullptr;
+  check_block_sizes(q_block_sizes, kv_block_sizes, p);
+  return p;
+}
+
 // q2k_idx int32 [B, Hq, num_q_blocks, min(topk, num_kv_blocks)] and q2k_num int32
 // [B, Hq, num_q_blocks]: both or neither.
 void check_selection_outputs(const fva_tensor_t* q2k_idx, const fva_tensor_t* q2k_num,
@@ -170,10 +183,8 @@ fva_status_t fva_vsa_layer_forward(fva_handle_t h, const fva_vsa_layer_config_t*
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    VsaLayerProblem p = checked_layer_problem(cfg, q, k, v);
-    if (gate != nullptr) check_like("gate", gate, "q", q, false);
-    p.gate = gate != nullptr;
-    check_block_sizes(q_block_sizes, kv_block_sizes, p);
+    const VsaLayerProblem p =
+        checked_layer_call(cfg, q, k, v, gate, q_block_sizes, kv_block_sizes);
     check_like("out", out, "q", q, true);
     check_selection_outputs(q2k_idx, q2k_num, q, p);
     require_backend_support(handle, "fva_vsa_layer_forward");
@@ -215,10 +226,8 @@ fva_status_t fva_vsa_layer_backward(fva_handle_t h, const fva_vsa_layer_config_t
   return fva::guard([&] {
     using namespace fva;
     const fva_handle& handle = checked_handle(h);
-    VsaLayerProblem p = checked_layer_problem(cfg, q, k, v);
-    if (gate != nullptr) check_like("gate", gate, "q", q, false);
-    p.gate = gate != nullptr;
-    check_block_sizes(q_block_sizes, kv_block_sizes, p);
+    const VsaLayerProblem p =
+        checked_layer_call(cfg, q, k, v, gate, q_block_sizes, kv_block_sizes);
     check_like("dout", dout, "q", q, false);
     check_like("dq", dq, "q", q, true);
     check_like("dk", dk, "k", k, true);

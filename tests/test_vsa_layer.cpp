@@ -31,6 +31,7 @@ namespace {
 
 using fvt::HostTensor;
 using fvt::Layout;
+using fvt::dtype_step;
 
 constexpr double kTol = 1e-2;  // SPEC section 4: out, dq, dk, dv, dgate
 constexpr int64_t kBlock = 64;
@@ -57,15 +58,6 @@ double check_close(const std::string& what, const std::vector<double>& got, cons
   CHECK_MESSAGE(e <= tol, what << ": rel L2 " << e << " > " << tol);
   if (verbose()) MESSAGE(what << ": rel L2 " << e);
   return e;
-}
-
-// One step of the dtype's grid at |x| (bf16: 8 significant bits, f16: 11, subnormals kept).
-double dtype_step(int32_t dtype, double x) {
-  const int mant = dtype == FVA_DTYPE_BF16 ? 7 : 10;
-  const int emin = dtype == FVA_DTYPE_BF16 ? -126 : -14;
-  int ex = 0;
-  std::frexp(x == 0.0 ? 1e-300 : x, &ex);
-  return std::ldexp(1.0, std::max(ex - 1, emin) - mant);
 }
 
 // ---- the selection rule (SPEC 3b) ------------------------------------------------------------------

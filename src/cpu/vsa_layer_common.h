@@ -16,15 +16,12 @@ constexpr int64_t kBlock = kVsaBlock;
 // The reserve's regions (vsa_layer_reserve.h) as views; the record itself is reached through
 // `record`.
 struct Reserve {
-  VsaLayerRecord* record;
+  kern::LayerReserveHeader* record;
   AttnView q_c, k_c, v_c, attn, out_c, out_s;
   I32View q2k_idx, q2k_num;
   F32View lse_s;
 };
 Reserve reserve_views(const VsaLayerProblem& p, void* reserve);
-
-// The record a forward of p writes.
-VsaLayerRecord record_of(const VsaLayerProblem& p);
 
 // Real tokens of block i of either sequence: its size clamped to [0, 64] (the fine branch's rule
 // for kv blocks, vsa::kv_tokens, applied to q blocks too).

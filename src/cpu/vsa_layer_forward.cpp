@@ -182,7 +182,7 @@ void vsa_layer_forward(const VsaLayerProblem& p, const AttnView& q, const AttnVi
           for (int64_t t = 0; t < p.topk; ++t) q2k_idx->at(b, h, i, t) = r.q2k_idx.at(b, h, i, t);
         }
   }
-  *r.record = record_of(p);
+  *r.record = vsa_layer_record(p);
 }
 
 }  // namespace fva::cpu

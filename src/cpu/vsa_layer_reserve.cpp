@@ -36,7 +36,7 @@ Reserve reserve_views(const VsaLayerProblem& p, void* reserve) {
   char* base = static_cast<char*>(reserve);
   const int64_t nq = f.num_q_blocks, nkv = f.num_kv_blocks, S = nq * kBlock;
   Reserve r;
-  r.record = reinterpret_cast<VsaLayerRecord*>(base + l.record);
+  r.record = reinterpret_cast<kern::LayerReserveHeader*>(base + l.record);
   r.q_c = attn_view(base + l.q_c, f.dtype, f.B, f.Hq, nq, f.D);
   r.k_c = attn_view(base + l.k_c, f.dtype, f.B, f.Hkv, nkv, f.D);
   r.v_c = attn_view(base + l.v_c, f.dtype, f.B, f.Hkv, nkv, f.D);
@@ -52,23 +52,6 @@ Reserve reserve_views(const VsaLayerProblem& p, void* reserve) {
   return r;
 }
 
-VsaLayerRecord record_of(const VsaLayerProblem& p) {
-  const VsaProblem& f = p.fine;
-  VsaLayerRecord r{};
-  r.magic = kVsaLayerMagic;
-  r.B = f.B;
-  r.Hq = f.Hq;
-  r.Hkv = f.Hkv;
-  r.num_q_blocks = f.num_q_blocks;
-  r.num_kv_blocks = f.num_kv_blocks;
-  r.D = f.D;
-  r.topk = p.topk;
-  r.dtype = f.dtype;
-  r.gate = p.gate ? 1 : 0;
-  std::memcpy(&r.scale_bits, &f.scale, sizeof r.scale_bits);
-  return r;
-}
-
 }  // namespace vsa_layer
 
 size_t vsa_layer_reserve_bytes(const VsaLayerProblem& p) { return vsa_layer_reserve_layout(p).bytes; }
@@ -78,10 +61,10 @@ size_t vsa_layer_reserve_bytes(const VsaLayerProblem& p) { return vsa_layer_rese
 size_t vsa_layer_workspace(const VsaLayerProblem& p) { return vsa_backward_workspace(p.fine); }
 
 void check_vsa_layer_reserve(const VsaLayerProblem& p, const void* reserve) {
-  VsaLayerRecord got;
+  kern::LayerReserveHeader got;
   std::memcpy(&got, static_cast<const char*>(reserve) + vsa_layer_reserve_layout(p).record, sizeof got);
-  const VsaLayerRecord want = vsa_layer::record_of(p);
-  if (got.magic != want.magic)
+  const kern::LayerReserveHeader want = vsa_layer_record(p);
+  if (got.magic != want.magic || got.version != want.version)
     fail(FVA_ERR_INVALID_ARGUMENT,
          "reserve: holds no record of fva_vsa_layer_forward (pass the reserve a forward on this "
          "handle's backend filled, unchanged)");
@@ -95,8 +78,8 @@ void check_vsa_layer_reserve(const VsaLayerProblem& p, const void* reserve) {
   same("B", got.B, want.B);
   same("Hq", got.Hq, want.Hq);
   same("Hkv", got.Hkv, want.Hkv);
-  same("num_q_blocks", got.num_q_blocks, want.num_q_blocks);
-  same("num_kv_blocks", got.num_kv_blocks, want.num_kv_blocks);
+  same("num_q_blocks", got.nq, want.nq);
+  same("num_kv_blocks", got.nkv, want.nkv);
   same("D", got.D, want.D);
   same("dtype", got.dtype, want.dtype);
   same("topk (at most num_kv_blocks)", got.topk, want.topk);

@@ -5,7 +5,7 @@
 // to another 16-byte aligned address keeps its meaning.
 //
 // Regions, each contiguous and row-major ("dtype": the attention tensors' bf16 or f16 bits):
-//   record                                   VsaLayerRecord
+//   record                                   kern::LayerReserveHeader (core/vsa_layer_record.h)
 //   q_c     [B, Hq, nq, D]        dtype      block means of q
 //   k_c     [B, Hkv, nkv, D]      dtype      block means of k
 //   v_c     [B, Hkv, nkv, D]      dtype      block means of v
@@ -23,22 +23,9 @@
 #include <cstdint>
 
 #include "core/problems.h"
+#include "core/vsa_layer_record.h"
 
 namespace fva::cpu {
-
-// What the forward that wrote a reserve computed. The backward compares every field with its own
-// problem. scale_bits: the resolved softmax scale's float bits.
-struct VsaLayerRecord {
-  uint64_t magic;
-  int64_t B, Hq, Hkv, num_q_blocks, num_kv_blocks, D, topk;
-  int32_t dtype;
-  int32_t gate;
-  uint32_t scale_bits;
-  uint32_t unused;
-};
-
-// "fvaVSAL1" in memory order: marks a reserve the CPU forward has written.
-constexpr uint64_t kVsaLayerMagic = 0x314C415356617666ull;
 
 // Byte offsets of the regions from the reserve's start, and the reserve's size.
 struct VsaLayerReserveLayout {
@@ -60,7 +47,7 @@ inline VsaLayerReserveLayout vsa_layer_reserve_layout(const VsaLayerProblem& p) 
     used += (bytes + 63) / 64 * 64;
     return at;
   };
-  l.record = add(sizeof(VsaLayerRecord));
+  l.record = add(sizeof(kern::LayerReserveHeader));
   l.q_c = add(half * bhq * nq * D);
   l.k_c = add(half * bhkv * nkv * D);
   l.v_c = add(half * bhkv * nkv * D);

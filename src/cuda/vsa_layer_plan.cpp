@@ -73,24 +73,5 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   return plan;
 }
 
-kern::LayerReserveHeader vsa_layer_record(const VsaLayerProblem& p) {
-  const VsaProblem& f = p.fine;
-  kern::LayerReserveHeader r;
-  std::memset(&r, 0, sizeof r);
-  r.magic = kern::kLayerReserveMagic;
-  r.version = kern::kLayerReserveVersion;
-  r.dtype = f.dtype;
-  r.gate = p.gate ? 1 : 0;
-  r.B = f.B;
-  r.Hq = f.Hq;
-  r.Hkv = f.Hkv;
-  r.nq = f.num_q_blocks;
-  r.nkv = f.num_kv_blocks;
-  r.D = f.D;
-  r.topk = p.topk;
-  std::memcpy(&r.scale_bits, &f.scale, sizeof r.scale_bits);
-  r.reserved = 0;
-  return r;
-}
 
 }  // namespace fva::cuda

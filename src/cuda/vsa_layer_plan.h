@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "core/problems.h"
+#include "core/vsa_layer_record.h"
 #include "core/workspace.h"
 #include "handle.h"
 #include "shared/vsa_layer_params.h"
@@ -63,8 +64,5 @@ template <typename T>
 T* reserve_pointer(void* reserve, const WorkspaceRegion& r) {
   return reinterpret_cast<T*>(static_cast<char*>(reserve) + r.offset);
 }
-
-// The record a forward of p leaves and its backward expects.
-kern::LayerReserveHeader vsa_layer_record(const VsaLayerProblem& p);
 
 }  // namespace fva::cuda

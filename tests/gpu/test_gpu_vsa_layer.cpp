@@ -246,15 +246,6 @@ LayerOutputs gpu_layer(fva_handle_t h, const LayerCase& c, const LayerInputs& in
 
 // ---- the selection rule (SPEC 3b) -------------------------------------------------------------------
 
-// One step of the dtype's grid at |x|.
-double dtype_step(int32_t dtype, double x) {
-  const int mant = dtype == FVA_DTYPE_BF16 ? 7 : 10;
-  const int emin = dtype == FVA_DTYPE_BF16 ? -126 : -14;
-  int ex = 0;
-  std::frexp(x == 0.0 ? 1e-300 : x, &ex);
-  return std::ldexp(1.0, std::max(ex - 1, emin) - mant);
-}
-
 // Rows (of B * H * nq) where `got` differs from `want`: a row is a tie when both are lists SPEC 3b
 // allows for scores within one dtype step of the k-th and (k+1)-th highest score of `scores`
 // ([rows, nkv]); any other difference is bad. Lists: [rows, k], ascending, -1 past the count.

@@ -1,5 +1,6 @@
 #include "support/host_tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +86,14 @@ double f16_value(uint16_t bits) {
   if (e == 0x1F) return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
   if (e == 0) return sign * std::ldexp(m, -24);
   return sign * std::ldexp(1024 + m, e - 25);
+}
+
+double dtype_step(int32_t dtype, double x) {
+  const int mant = dtype == FVA_DTYPE_BF16 ? 7 : 10;
+  const int emin = dtype == FVA_DTYPE_BF16 ? -126 : -14;
+  int ex = 0;
+  std::frexp(x == 0.0 ? 1e-300 : x, &ex);
+  return std::ldexp(1.0, std::max(ex - 1, emin) - mant);
 }
 
 // ---- HostTensor ---------------------------------------------------------------------------------------
