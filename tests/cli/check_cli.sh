@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fvattn tool's command line (issue 49, item 4): every command answers --help with its own usage
+# The fvattn tool's command line: every command answers --help with its own usage
 # and exit status 0 without running; an unknown option or command names what was given and the
 # command to run for help, with exit status 2; `fvattn bench` on a machine without a GPU fails and
 # says that there is no GPU (driver or device) and that bench needs one.

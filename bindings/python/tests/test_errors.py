@@ -97,7 +97,7 @@ def test_error_is_an_exception_with_fields():
     assert isinstance(e, Exception) and e.status == 3 and str(e) == "FVA_ERR_WORKSPACE_TOO_SMALL: ws_bytes is 1"
 
 
-# ---- issue 49, item 5: errors a newcomer meets first ---------------------------------------------
+# ---- errors a newcomer meets first -----------------------------------------------------------
 
 def test_config_as_dict_is_mapped_to_the_config_class(rng):
     q = random_bf16(rng, (1, 1, 32, 16))

@@ -213,7 +213,7 @@ def test_deterministic_handles_from_the_environment():
 
 
 def test_configs_as_dicts_and_argument_errors():
-    # Issue 49: a dict config maps to its class, another type is a TypeError naming it, and
+    # A dict config maps to its class, another type is a TypeError naming it, and
     # vsa_invert_indices names a bad num_kv_blocks instead of an internal output's shape.
     q = normal(1, (1, 1, 32, 16))
     np.testing.assert_array_equal(np.asarray(fj.qat_attention(q, q, q, {"quantize": False, "high_precision_o": False})),
