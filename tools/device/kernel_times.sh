@@ -2,14 +2,16 @@
 # Every launch's duration (ncu, the one counter, clocks left alone) of the kernels whose names
 # match KERNELS, in launch order, during one `fvattn bench` (1 warm-up, 1 timed call per op), ON
 # THE GPU MACHINE after `GPU_CHECK_STEPS=build tools/gpu-check`: where a whole op's time goes,
-# small kernels included. KERNELS (regex, default the VSA backward's), SEQ (default 16384).
+# small kernels included. KERNELS (regex, default the VSA backward's), SEQ (default 16384),
+# BENCH_ARGS (the bench's shape options instead of --seq SEQ, e.g. "--ops layer --layer 8,30,52
+# --heads 12 --topk 26"), BUILD_DIR (default build-gpu).
 set -uo pipefail
 B=${BUILD_DIR:-build-gpu}
 mkdir -p "${OUT:-/tmp}"
 out=${OUT:-/tmp}/times-${SEQ:-16384}
 ncu --clock-control none --kernel-name "regex:${KERNELS:-vsa_bwd|vsa_invert|fva_delta}" \
   --metrics gpu__time_duration.sum --csv --page raw --log-file "$out.csv" \
-  "$B/tools/fvattn" bench --seq "${SEQ:-16384}" --iters 1 --warmup 1 --no-sdpa --kernels auto \
+  "$B/tools/fvattn" bench ${BENCH_ARGS:---seq ${SEQ:-16384} --kernels auto} --iters 1 --warmup 1 --no-sdpa \
   > "$out.err" 2>&1
 python3 - "$out.csv" "${SEQ:-16384}" <<'PY'
 import csv, sys

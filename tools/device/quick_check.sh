@@ -4,7 +4,8 @@
 # default /tmp/fvattn-quick), runs the GPU suites (test_gpu_vsa_layer, then test_gpu_ops), a
 # compute-sanitizer memcheck pass over the VSA layer's tests in quick mode, and `fvattn bench` at
 # S = 16384 and 32768 without SDPA; each step under its own time limit (QUICK_LIMITS, seconds:
-# build, layer tests, ops tests, memcheck, bench), so that the call returns what it reached.
+# build, layer tests, ops tests, memcheck, bench), so that the call returns what it reached;
+# QUICK_STEPS (default "build layer ops memcheck bench") picks steps.
 # Writes $OUT/quick.log and prints a line per step.
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-quick-check}
@@ -17,6 +18,7 @@ log=$OUT/quick.log
 : > "$log"
 step() {  # step NAME LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
+  [[ " ${QUICK_STEPS:-build layer ops memcheck bench} " == *" $name "* ]] || return 0
   local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/step.log" 2>&1
   local rc=$?
