@@ -13,6 +13,7 @@
 
 #include <math_constants.h>
 
+#include "primitives/block_terms.cuh"
 #include "primitives/sm80.cuh"
 #include "shared/kernel_params.h"
 #include "nvfp4/nvfp4_fragments.cuh"
@@ -156,6 +157,7 @@ __device__ __forceinline__ void two_products(float (&x)[2 * NP][4], float (&y)[2
 
 template <typename T, int D, typename Schedule>
 __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParams& p, char* smem) {
+  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
   using Tile = SmemTile<64, D>;
   using E = typename T::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -269,7 +271,10 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
         x0 += rowsum[r] * mean0;
         x1 += rowsum[r] * mean1;
       }
-      sq.store_pair(warp * 16 + g + 8 * r, col, T::pack(p.scale * x0, p.scale * x1));
+      const int row = warp * 16 + g + 8 * r;  // the VSA layer's block term (p.terms), if any
+      const RowTerm<T> term = row_term<T, D>(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h,
+                                             p.vsa.num_q_blocks, static_cast<int64_t>(q0) + row);
+      sq.store_pair(row, col, term.pack(p.scale * x0, p.scale * x1, col));
     }
   }
   __syncthreads();
@@ -304,6 +309,7 @@ __device__ __forceinline__ void pair_max_columns(float (&mine)[8], float* slots,
 // p.p_scale decides at run time.
 template <typename T, int D, typename Schedule, bool kBlockP = false>
 __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionParams& p, char* smem) {
+  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
   using KTile = SmemTile<64, D>;
   using QTile = SmemTile<32, D>;
   using E = typename T::Storage;
@@ -459,8 +465,12 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + g + 8 * r, col = j * 8 + 2 * t;
-      sk.store_pair(row, col, T::pack(p.scale * dk[j][2 * r], p.scale * dk[j][2 * r + 1]));
-      sv.store_pair(row, col, T::pack(dv[j][2 * r], dv[j][2 * r + 1]));
+      const int64_t unit = static_cast<int64_t>(b) * p.Hkv + hk, key = static_cast<int64_t>(k0) + row;
+      // The VSA layer's block terms (p.terms), if any.
+      const RowTerm<T> kterm = row_term<T, D>(p.terms.dk, unit, p.vsa.num_kv_blocks, key);
+      const RowTerm<T> vterm = row_term<T, D>(p.terms.dv, unit, p.vsa.num_kv_blocks, key);
+      sk.store_pair(row, col, kterm.pack(p.scale * dk[j][2 * r], p.scale * dk[j][2 * r + 1], col));
+      sv.store_pair(row, col, vterm.pack(dv[j][2 * r], dv[j][2 * r + 1], col));
     }
   __syncthreads();
   const int rows = sched.output_rows();

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "shared/kernel_traits.h"
+#include "shared/layer_reserve_record.h"
 
 namespace fva::kern {
 
@@ -45,6 +46,21 @@ struct VsaLists {
   const int32_t* kv_order;
 };
 
+// The VSA layer's backward (SPEC 3b) has the fine branch's kernels write its dq, dk and dv: every
+// row gains the term of its 64-token block, the gradient the block's mean passes back (its coarse
+// gradient over the block's size, rounded to the dtype; -0 for a block of size 0), added after the
+// fine gradient is rounded to the dtype, as FastVideo's autograd adds the two tensors:
+// dx = dtype(dtype(fine) + term[block]). The VSA backward's kernels that write dq, dk or dv honour
+// it (sm90/dkdv_epilogue.cuh, sm90/dq_epilogue.cuh, portable/attention_backward.cuh); null terms:
+// the VSA (or QAT) backward alone. With terms those kernels first compare the layer's reserve
+// record and write nothing when it is not their call's (check.stored null: nothing to compare).
+struct BlockTerms {
+  const void* dq;  // [B, Hq, num_q_blocks, D], the dtype, contiguous
+  const void* dk;  // [B, Hkv, num_kv_blocks, D]
+  const void* dv;  // [B, Hkv, num_kv_blocks, D]
+  LayerReserveCheck check;
+};
+
 // Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.
 enum : int32_t { kKindQat = 0, kKindVsa = 1 };
 
@@ -66,6 +82,7 @@ struct AttentionParams {
   int32_t p_scale;       // QAT: FVA_SCALE_BLOCK / TILE / ROW for P
   int32_t quantize_p;    // QAT backward: dV from FQ_P(P) (the forward's is a template parameter)
   VsaLists vsa;
+  BlockTerms terms;      // VSA backward: the layer's block terms (null: none)
 };
 
 // A CUDA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on the

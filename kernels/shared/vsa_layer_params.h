@@ -9,35 +9,9 @@
 
 #include <stdint.h>
 
-#include "shared/kernel_params.h"
+#include "shared/kernel_params.h"  // with shared/layer_reserve_record.h
 
 namespace fva::kern {
-
-// ---- the reserve's record ------------------------------------------------------------------------
-
-// What the forward recorded: the shapes, the dtype, topk, the softmax scale and whether a gate was
-// given. The forward's first kernel clears the magic and its last kernel writes the whole record,
-// so a forward that stops half way (a launch refused) leaves none; every kernel of the backward
-// compares it, word for word, with what its own call expects and, when they differ, returns before
-// writing anything (the host cannot read the reserve without synchronizing). No padding: 80 bytes,
-// 20 words.
-constexpr uint32_t kLayerReserveMagic = 0x4c415346u;  // "FSAL" in memory order: fvattn's VSA layer
-constexpr uint32_t kLayerReserveVersion = 1u;
-struct LayerReserveHeader {
-  uint32_t magic, version;
-  int32_t dtype, gate;
-  int64_t B, Hq, Hkv, nq, nkv, D, topk;
-  uint32_t scale_bits;  // the fp32 softmax scale's bits
-  uint32_t reserved;    // 0
-};
-static_assert(sizeof(LayerReserveHeader) == 80, "the record is compared as 20 words");
-constexpr int kLayerHeaderWords = static_cast<int>(sizeof(LayerReserveHeader) / 4);
-
-// The record's check, as every backward kernel takes it: where the record lies and what it must say.
-struct LayerReserveCheck {
-  const LayerReserveHeader* stored;
-  LayerReserveHeader expected;
-};
 
 // ---- forward ---------------------------------------------------------------------------------------
 
@@ -115,7 +89,8 @@ struct LayerGateBackwardParams {
 
 // The coarse attention's backward for its q side (vsa_layer/coarse_backward.cu), a block per (b, q
 // head, tile of kLayerCoarseRows q blocks): dattn = dout_c v_cᵀ, the softmax's backward, dmm =
-// dscores * scale (written over dattn in dmm), dq_c = dmm k_c.
+// dscores * scale (written over dattn in dmm), dq_c = dmm k_c, written as the block means' terms
+// dtype(dq_c / size) that the fine backward adds to dq (kern::BlockTerms).
 struct LayerCoarseBackwardParams {
   LayerReserveCheck check;
   const void* q_c;     // [B, Hq, nq, D]
@@ -124,31 +99,17 @@ struct LayerCoarseBackwardParams {
   const void* attn;    // [B, Hq, nq, nkv]
   const void* dout_c;  // [B, Hq, nq, D]
   void* dmm;           // [B, Hq, nq, nkv]
-  void* dq_c;          // [B, Hq, nq, D]
+  void* dq_term;       // [B, Hq, nq, D]
   // Its kv side, a block per (b, kv head, tile of kLayerCoarseRows kv blocks): dv_c = attnᵀ dout_c
-  // and dk_c = dmmᵀ q_c, each summed over the kv head's q heads.
-  void* dk_c;  // [B, Hkv, nkv, D]
-  void* dv_c;  // [B, Hkv, nkv, D]
+  // and dk_c = dmmᵀ q_c, each summed over the kv head's q heads, written as terms too.
+  void* dk_term;  // [B, Hkv, nkv, D]
+  void* dv_term;  // [B, Hkv, nkv, D]
+  const int32_t* q_sizes;   // [nq]
+  int64_t q_sizes_stride;
+  const int32_t* kv_sizes;  // [nkv]
+  int64_t kv_sizes_stride;
   int32_t B, Hq, Hkv, nq, nkv;
   float scale;
-};
-
-// dx = dx_fine + d(x_c)[block] * (1 / size[block]) on every slot of the block (size 0: dx_fine),
-// for dq, dk and dv in one launch, a unit per (b, h, block) (vsa_layer/gate.cu).
-struct LayerCombineJob {
-  const void* fine;    // [B, H, nblocks * 64, D]: the fine branch's gradient (workspace)
-  const void* coarse;  // [B, H, nblocks, D]: the block mean's gradient
-  Tensor4 out;
-  const int32_t* sizes;  // [nblocks]
-  int64_t sizes_stride;
-  int32_t H, nblocks;
-  int64_t first_unit;
-};
-struct LayerCombineParams {
-  LayerReserveCheck check;
-  LayerCombineJob job[3];
-  int32_t B;
-  int64_t units;
 };
 
 }  // namespace fva::kern

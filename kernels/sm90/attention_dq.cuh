@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "shared/kernel_params.h"
+#include "primitives/block_terms.cuh"
 #include "primitives/online_softmax.cuh"
 #include "sm90/compact_tiles.cuh"
 #include "sm90/dq_epilogue.cuh"
@@ -98,6 +99,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   using L = CompactTiles<D, 4>;
   constexpr int kQ = 0, kDO = 1, kK = 2, kV = 3;  // tiles
   const kern::AttentionParams& p = P.a;
+  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
 
   const L tiles{smem_addr(smem)};
   if (tiles.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions

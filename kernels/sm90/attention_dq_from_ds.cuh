@@ -25,6 +25,7 @@
 #pragma once
 
 #include "shared/kernel_params.h"
+#include "primitives/block_terms.cuh"
 #include "sm90/dq_epilogue.cuh"
 #include "sm90/dq_from_ds_ring.cuh"
 #include "sm90/zero_tile_rows.cuh"
@@ -36,6 +37,7 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
                                                           char* smem) {
   using L = DqFromDsRing<D, kStages>;
   const kern::AttentionParams& p = P.a;
+  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
   const L ring{smem_addr(smem)};
   if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "shared/kernel_params.h"
+#include "primitives/block_terms.cuh"
 #include "primitives/sm90.cuh"
 
 namespace fva::dev::sm90 {
@@ -36,8 +37,9 @@ __device__ __forceinline__ void store_ds_tile(uint4* tile, const uint32_t (&a)[4
         make_uint4(a[step][0], a[step][1], a[step][2], a[step][3]);
 }
 
-// dK * scale and dV of a thread's keys kc0 + slot_base + {0, 8} (head hk of batch b); rows past
-// `rows`, the keys' output rows, are left alone.
+// dK * scale and dV of a thread's keys kc0 + slot_base + {0, 8} (head hk of batch b), each with its
+// block's term when the VSA layer gives them (p.terms); rows past `rows`, the keys' output rows,
+// are left alone.
 template <typename T, int D>
 __device__ __forceinline__ void store_dkdv(const kern::AttentionParams& p, int b, int hk, int kc0,
                                            int rows, int slot_base, int t, const float (&dk)[D / 2],
@@ -50,13 +52,16 @@ __device__ __forceinline__ void store_dkdv(const kern::AttentionParams& p, int b
     const int slot = slot_base + 8 * r;
     if (slot >= rows) continue;
     const int64_t key = kc0 + slot;
+    const int64_t unit = static_cast<int64_t>(b) * p.Hkv + hk;
+    const RowTerm<T> kterm = row_term<T, D>(p.terms.dk, unit, p.vsa.num_kv_blocks, key);
+    const RowTerm<T> vterm = row_term<T, D>(p.terms.dv, unit, p.vsa.num_kv_blocks, key);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + 2 * t;
       *reinterpret_cast<uint32_t*>(dkg + key * p.dk.stride_s + col) =
-          T::pack(p.scale * dk[4 * j + 2 * r], p.scale * dk[4 * j + 2 * r + 1]);
+          kterm.pack(p.scale * dk[4 * j + 2 * r], p.scale * dk[4 * j + 2 * r + 1], col);
       *reinterpret_cast<uint32_t*>(dvg + key * p.dv.stride_s + col) =
-          T::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+          vterm.pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], col);
     }
   }
 }

@@ -3,11 +3,13 @@
 #pragma once
 
 #include "shared/kernel_params.h"
+#include "primitives/block_terms.cuh"
 #include "primitives/sm80.cuh"
 
 namespace fva::dev::sm90 {
 
-// dQ = scale (dS K + rowsum(dS) mean(k)) of a thread's two rows; rows past Sq are not written.
+// dQ = scale (dS K + rowsum(dS) mean(k)) of a thread's two rows, each with its block's term when the
+// VSA layer gives them (p.terms); rows past Sq are not written.
 template <typename T, int D>
 __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, int h, int row_base,
                                          int t, const float (&dq)[D / 2],
@@ -19,6 +21,8 @@ __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, 
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + 8 * r;
     if (row >= p.Sq) continue;
+    const RowTerm<T> term = row_term<T, D>(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h,
+                                           p.vsa.num_q_blocks, row);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + 2 * t;
@@ -28,7 +32,7 @@ __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, 
         x1 += rowsum[r] * p.k_mean[col + 1];
       }
       *reinterpret_cast<uint32_t*>(dqg + row * p.dq.stride_s + col) =
-          T::pack(p.scale * x0, p.scale * x1);
+          term.pack(p.scale * x0, p.scale * x1, col);
     }
   }
 }

@@ -5,6 +5,9 @@
 //   dmm = dtype(dscores * scale);  dq_c = dtype(dmm k_c);
 //   dv_c = dtype(attnᵀ dout_c),  dk_c = dtype(dmmᵀ q_c), each summed over the kv head's q heads (GQA)
 //   in fp32 before its one rounding.
+// What they write is the block means' backward of those: each block's term dtype(dx_c / size) (-0
+// for a block of size 0, which passes the fine gradient unchanged), which the fine branch's
+// backward adds to every row of the block as it writes dq, dk and dv (kern::BlockTerms).
 // Two launches: the q side (a block per (b, q head, 16 q blocks): dattn, the softmax's backward
 // into dmm, dq_c), then the kv side (a block per (b, kv head, 16 kv blocks)). Both first check the
 // reserve's record and do nothing when it is not this call's (the outputs stay untouched).
@@ -12,6 +15,14 @@
 
 namespace fva::dev::layer {
 namespace {
+
+// The block mean's backward of a coarse gradient g (fp32, before its rounding to the dtype) for a
+// block of n real tokens: dtype(dtype(g) / n), the reciprocal as block_means.cu takes it; -0 for n
+// = 0, which leaves any fine gradient it is added to as it is.
+template <typename T>
+__device__ __forceinline__ float mean_term(float g, int n) {
+  return n > 0 ? rnd<T>(rnd<T>(g) * (1.0f / static_cast<float>(n))) : -0.0f;
+}
 
 template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwardParams& p) {
@@ -48,12 +59,15 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
       dr[j] = Elem<T>::bits(ds * scale);
     }
   }
-  uint16_t* dq_c = static_cast<uint16_t*>(p.dq_c) + q_row0 * D;
+  uint16_t* dq_term = static_cast<uint16_t*>(p.dq_term) + q_row0 * D;
   rows_times_matrix<T, D>(dmm, nkv, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, nkv, work,
-                          [&](int r, int d, float o) { dq_c[r * D + d] = Elem<T>::bits(o); });
+                          [&](int r, int d, float o) {
+                            const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
+                            dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));
+                          });
 }
 
-// dv_c and dk_c of 16 kv blocks: for each q head of the group and each tile of 32 q blocks, the
+// The terms of dv_c and dk_c of 16 kv blocks: for each q head of the group and each tile of 32 q blocks, the
 // weights attn and dmm of the tile's [32 x 16] window and the rows of dout_c and q_c, then thread
 // t adds column t % D of its kv blocks' sums, (q head, q block) ascending.
 template <typename T, int D>
@@ -124,14 +138,15 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
     }
   }
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv + j0;
-  uint16_t* dv_c = static_cast<uint16_t*>(p.dv_c) + kv0 * D;
-  uint16_t* dk_c = static_cast<uint16_t*>(p.dk_c) + kv0 * D;
+  uint16_t* dv_term = static_cast<uint16_t*>(p.dv_term) + kv0 * D;
+  uint16_t* dk_term = static_cast<uint16_t*>(p.dk_term) + kv0 * D;
 #pragma unroll
   for (int m = 0; m < kPerThread; ++m) {
     const int jj = g * kPerThread + m;
     if (jj < cols) {
-      dv_c[jj * D + d] = Elem<T>::bits(acc_v[m]);
-      dk_c[jj * D + d] = Elem<T>::bits(acc_k[m]);
+      const int n = block_tokens(p.kv_sizes, p.kv_sizes_stride, j0 + jj);
+      dv_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_v[m], n));
+      dk_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_k[m], n));
     }
   }
 }

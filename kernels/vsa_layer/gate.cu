@@ -4,9 +4,8 @@
 //     torch's two roundings (a product, then a sum, each a tensor in the dtype);
 //   - backward, gate: dgate = dtype(dout * out_c[block]) and dout_c[i] = dtype(Σ over block i's 64
 //     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order;
-//   - backward, combine: dx = dtype(dx_fine + dtype(d(x_c)[block] * (1 / size[block]))) on every
-//     slot of the block, padding slots too (FastVideo's block-mean backward); dx_fine unchanged for
-//     a block of size 0; for dq, dk and dv in one launch.
+// (The block means' backward takes no pass of its own: the fine branch's backward adds each block's
+// term as it writes dq, dk and dv, kern::BlockTerms.)
 // A unit of work is one 64-slot block of one (b, h). The element-wise passes move 16 bytes a thread
 // (the API guarantees 16-byte aligned rows); dout_c's sum takes 4 bytes a thread so that each column
 // sums its slots in order. The backward's kernels check the reserve's record first and write
@@ -99,51 +98,6 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
   reinterpret_cast<uint32_t*>(p.dout_c)[(bh * p.nq + i) * (D / 2) + c] = pack<T>(sum0, sum1);
 }
 
-// ---- backward: dx = dx_fine + d(x_c) / size ---------------------------------------------------------
-
-template <typename T, int D>
-__device__ __forceinline__ void combine_backward(const kern::LayerCombineParams& p) {
-  if (!reserve_matches(p.check)) return;
-  constexpr int kVecPerRow = D / 8;
-  constexpr int kRowsPerPass = kPassThreads / kVecPerRow;
-  const int64_t unit = blockIdx.x;
-  if (unit >= p.units) return;
-  int j = 0;
-#pragma unroll
-  for (int k = 1; k < 3; ++k)
-    if (unit >= p.job[k].first_unit) j = k;
-  const kern::LayerCombineJob& job = p.job[j];
-  const int64_t local = unit - job.first_unit;
-  const int block = static_cast<int>(local % job.nblocks);
-  const int64_t bh = local / job.nblocks;
-  const int b = static_cast<int>(bh / job.H), h = static_cast<int>(bh % job.H);
-  const int c = threadIdx.x % kVecPerRow, r0 = threadIdx.x / kVecPerRow;
-  const int n = block_tokens(job.sizes, job.sizes_stride, block);
-  float add[8];
-  {
-    float g[8];
-    unpack8<T>(reinterpret_cast<const uint4*>(job.coarse)[(bh * job.nblocks + block) * kVecPerRow + c], g);
-    const float inv = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;  // as block_means.cu scales
-#pragma unroll
-    for (int e = 0; e < 8; ++e) add[e] = rnd<T>(g[e] * inv);
-  }
-  const uint4* fine =
-      reinterpret_cast<const uint4*>(job.fine) + (bh * job.nblocks + block) * 64 * kVecPerRow + c;
-#pragma unroll 4
-  for (int r = r0; r < 64; r += kRowsPerPass) {
-    uint4 v = fine[r * kVecPerRow];
-    if (n > 0) {  // a block of size 0 has a constant mean: the fine gradient passes unchanged
-      float f[8];
-      unpack8<T>(v, f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] += add[e];
-      v = pack8<T>(f);
-    }
-    const int64_t s = static_cast<int64_t>(block) * 64 + r;
-    *reinterpret_cast<uint4*>(mutable_row_of(job.out, b, h, s) + 8 * c) = v;
-  }
-}
-
 }  // namespace
 }  // namespace fva::dev::layer
 
@@ -157,11 +111,6 @@ __device__ __forceinline__ void combine_backward(const kern::LayerCombineParams&
       fva_layer_gate_bwd_##dtype##_d##D(const fva::kern::LayerGateBackwardParams p) {         \
     fva::dev::enter_kernel_chain();                                                            \
     fva::dev::layer::gate_backward<T, D>(p);                                                   \
-  }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(128)                                           \
-      fva_layer_combine_bwd_##dtype##_d##D(const fva::kern::LayerCombineParams p) {           \
-    fva::dev::enter_kernel_chain();                                                            \
-    fva::dev::layer::combine_backward<T, D>(p);                                                \
   }
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 128)

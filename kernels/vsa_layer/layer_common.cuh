@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "primitives/block_terms.cuh"  // reserve_matches
 #include "primitives/kernel_chain.cuh"
 #include "primitives/sm80.cuh"
 #include "shared/vsa_layer_params.h"
@@ -94,20 +95,5 @@ __device__ __forceinline__ int block_tokens(const int32_t* sizes, int64_t stride
 // acc + a * b, rounded once (an FMA). Every sum of the layer adds its terms one at a time in
 // ascending order of its index with this step, as the CPU backend does.
 __device__ __forceinline__ float step(float acc, float a, float b) { return __fmaf_rn(a, b, acc); }
-
-// ---- the reserve's record ------------------------------------------------------------------------------
-
-// Whether the reserve's record is the one this call expects, decided by each warp on its own (every
-// lane of the warp must call it, converged): lane w < 20 compares word w.
-__device__ __forceinline__ bool reserve_matches(const kern::LayerReserveCheck& c) {
-  const int lane = threadIdx.x & 31;
-  const uint32_t* stored = reinterpret_cast<const uint32_t*>(c.stored);
-  const uint32_t* expected = reinterpret_cast<const uint32_t*>(&c.expected);
-  bool ok = true;
-#pragma unroll
-  for (int w = 0; w < kern::kLayerHeaderWords; ++w)
-    if (lane == w) ok = stored[w] == expected[w];
-  return __all_sync(0xffffffffu, ok);
-}
 
 }  // namespace fva::dev::layer

@@ -42,14 +42,16 @@ void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 
 // The VSA backward's workspace depends on the handle: on sm_90a the dK/dV kernel stores every
 // listed pair's dS tile there for the dQ kernel (8 KiB a pair, in chunks of at most the handle's
-// ds_budget_mib; vsa_plan.h).
+// ds_budget_mib; vsa_plan.h). terms (the VSA layer's backward; null for fva_vsa_backward): the
+// block means' terms its kernels add to every row of dq, dk and dv, and the reserve record they
+// check before writing (kern::BlockTerms).
 size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p);
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
-                  void* stream);
+                  void* stream, const kern::BlockTerms* terms = nullptr);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
 // row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.

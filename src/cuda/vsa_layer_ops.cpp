@@ -4,11 +4,11 @@
 //             launch) -> the fine VSA forward over the selected lists, into the reserve -> out =
 //             out_c * gate + out_s (which also writes the reserve's record);
 //   backward: dgate and dout_c (one pass over dout) -> the coarse backward's q side, then its kv
-//             side -> the fine VSA backward into the workspace -> dq, dk, dv = fine + the block
-//             means' gradients (one launch for the three).
-// Nothing is read back on the host and nothing synchronizes: the backward's kernels check the
-// reserve's record on the device, and where it is not the record of a forward of this call's
-// problem they write nothing (the fine backward, which cannot check it, writes only workspace).
+//             side, which leave the block means' terms -> the fine VSA backward, which writes dq,
+//             dk and dv with each block's term added (kern::BlockTerms: no pass of its own).
+// Nothing is read back on the host and nothing synchronizes: the backward's kernels, the fine
+// branch's included, check the reserve's record on the device, and where it is not the record of a
+// forward of this call's problem they write nothing.
 #include <fmt/format.h>
 
 #include <limits>
@@ -196,16 +196,15 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   ensure_context(h.device);
   const FineViews fine = fine_views(plan, p, reserve);
   const int32_t nq = static_cast<int32_t>(f.num_q_blocks), nkv = static_cast<int32_t>(f.num_kv_blocks);
-  const int64_t Sq = f.num_q_blocks * kVsaBlock, Skv = f.num_kv_blocks * kVsaBlock;
   VsaLayerProblem expected = p;
   expected.gate = gate != nullptr;
   const kern::LayerReserveCheck check{reserve_pointer<kern::LayerReserveHeader>(reserve, r.record),
                                       vsa_layer_record(expected)};
   void* const dout_c = workspace_pointer<char>(ws, plan.dout_c);
   void* const dmm = workspace_pointer<char>(ws, plan.dmm);
-  void* const dq_c = workspace_pointer<char>(ws, plan.dq_c);
-  void* const dk_c = workspace_pointer<char>(ws, plan.dk_c);
-  void* const dv_c = workspace_pointer<char>(ws, plan.dv_c);
+  void* const dq_term = workspace_pointer<char>(ws, plan.dq_term);
+  void* const dk_term = workspace_pointer<char>(ws, plan.dk_term);
+  void* const dv_term = workspace_pointer<char>(ws, plan.dv_term);
   {
     const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
     // 1. dgate, and dout_c = the coarse output's gradient.
@@ -234,9 +233,13 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     cp.attn = reserve_pointer<char>(reserve, r.attn);
     cp.dout_c = dout_c;
     cp.dmm = dmm;
-    cp.dq_c = dq_c;
-    cp.dk_c = dk_c;
-    cp.dv_c = dv_c;
+    cp.dq_term = dq_term;
+    cp.dk_term = dk_term;
+    cp.dv_term = dv_term;
+    cp.q_sizes = static_cast<const int32_t*>(q_block_sizes.data);
+    cp.q_sizes_stride = q_block_sizes.strides[0];
+    cp.kv_sizes = static_cast<const int32_t*>(kv_block_sizes.data);
+    cp.kv_sizes_stride = kv_block_sizes.strides[0];
     cp.B = static_cast<int32_t>(f.B);
     cp.Hq = static_cast<int32_t>(f.Hq);
     cp.Hkv = static_cast<int32_t>(f.Hkv);
@@ -252,47 +255,11 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
   }
 
-  // 4. The fine branch's backward, into the workspace (its own chain).
-  const fva_tensor_t dq_s = contiguous_tensor(workspace_pointer<char>(ws, plan.dq_s), f.dtype,
-                                              {f.B, f.Hq, Sq, f.D});
-  const fva_tensor_t dk_s = contiguous_tensor(workspace_pointer<char>(ws, plan.dk_s), f.dtype,
-                                              {f.B, f.Hkv, Skv, f.D});
-  const fva_tensor_t dv_s = contiguous_tensor(workspace_pointer<char>(ws, plan.dv_s), f.dtype,
-                                              {f.B, f.Hkv, Skv, f.D});
+  // 4. The fine branch's backward (its own chain), writing dq, dk, dv with the block means' terms.
+  const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq_s, dk_s, dv_s, workspace_pointer<char>(ws, plan.backward_fine),
-               stream);
-
-  // 5. dq, dk, dv: the fine gradients plus the block means'.
-  {
-    const LaunchChain chain(h.device, h.tuning);
-    kern::LayerCombineParams cp{};
-    cp.check = check;
-    const fva_tensor_t* fines[3] = {&dq_s, &dk_s, &dv_s};
-    void* coarse[3] = {dq_c, dk_c, dv_c};
-    const fva_tensor_t* outs[3] = {&dq, &dk, &dv};
-    int64_t first = 0;
-    for (int j = 0; j < 3; ++j) {
-      kern::LayerCombineJob& job = cp.job[j];
-      const bool is_q = j == 0;
-      const fva_tensor_t& sizes = is_q ? q_block_sizes : kv_block_sizes;
-      job.fine = fines[j]->data;
-      job.coarse = coarse[j];
-      job.out = tensor4(*outs[j]);
-      job.sizes = static_cast<const int32_t*>(sizes.data);
-      job.sizes_stride = sizes.strides[0];
-      job.H = static_cast<int32_t>(is_q ? f.Hq : f.Hkv);
-      job.nblocks = is_q ? nq : nkv;
-      job.first_unit = first;
-      first += f.B * job.H * job.nblocks;
-    }
-    cp.B = static_cast<int32_t>(f.B);
-    cp.units = plan.combine_units;
-    Launch l;
-    l.grid_x = plan.combine_blocks;
-    l.block = 128;
-    launch("layer", kernel_name("combine_bwd", f).c_str(), h.device, l, stream, cp);
-  }
+               kv_block_sizes, dq, dk, dv, workspace_pointer<char>(ws, plan.backward_fine), stream,
+               &terms);
 }
 
 }  // namespace fva::cuda

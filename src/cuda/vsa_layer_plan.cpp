@@ -24,7 +24,7 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
                Hkv = static_cast<size_t>(f.Hkv), nq = static_cast<size_t>(f.num_q_blocks),
                nkv = static_cast<size_t>(f.num_kv_blocks), D = static_cast<size_t>(f.D),
                topk = static_cast<size_t>(p.topk);
-  const size_t Sq = nq * static_cast<size_t>(kVsaBlock), Skv = nkv * static_cast<size_t>(kVsaBlock);
+  const size_t Sq = nq * static_cast<size_t>(kVsaBlock);
   VsaLayerPlan plan;
 
   WorkspaceLayout r;
@@ -49,25 +49,20 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   WorkspaceLayout bw;
   // Its own layout aligns from its start, which a region's 64-byte boundary keeps.
   plan.backward_fine = bw.add<char>(vsa_backward_workspace(h, f));
-  plan.dq_s = bw.add<char>(es * B * Hq * Sq * D);
-  plan.dk_s = bw.add<char>(es * B * Hkv * Skv * D);
-  plan.dv_s = bw.add<char>(es * B * Hkv * Skv * D);
   plan.dout_c = bw.add<char>(es * B * Hq * nq * D);
   plan.dmm = bw.add<char>(es * B * Hq * nq * nkv);
-  plan.dq_c = bw.add<char>(es * B * Hq * nq * D);
-  plan.dk_c = bw.add<char>(es * B * Hkv * nkv * D);
-  plan.dv_c = bw.add<char>(es * B * Hkv * nkv * D);
+  plan.dq_term = bw.add<char>(es * B * Hq * nq * D);
+  plan.dk_term = bw.add<char>(es * B * Hkv * nkv * D);
+  plan.dv_term = bw.add<char>(es * B * Hkv * nkv * D);
   plan.backward_workspace = bw.bytes();
   plan.workspace_bytes = std::max(plan.forward_workspace, plan.backward_workspace);
 
   const int64_t per_pair_block = pair_units_per_block(f.D);
   plan.mean_units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
   plan.gate_units = f.B * f.Hq * f.num_q_blocks;
-  plan.combine_units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
   plan.mean_blocks = blocks_for(plan.mean_units, per_pair_block);
   plan.gate_blocks = static_cast<unsigned>(plan.gate_units);
   plan.gate_backward_blocks = blocks_for(plan.gate_units, per_pair_block);
-  plan.combine_blocks = static_cast<unsigned>(plan.combine_units);
   plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);
   plan.coarse_kv_tiles = blocks_for(f.num_kv_blocks, kern::kLayerCoarseRows);
   return plan;

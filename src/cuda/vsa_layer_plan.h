@@ -19,12 +19,11 @@
 // The workspace (core/workspace.h: regions from its 64-byte aligned base), the larger of
 //   forward:  fine   the fine forward's own workspace (vsa_plan.h), when it needs one
 //   backward: fine   the fine backward's own workspace
-//             dq_s [B, Hq, 64 nq, D], dk_s, dv_s [B, Hkv, 64 nkv, D]: the fine branch's gradients,
-//                  which the last kernel adds to the block means' and writes to dq, dk, dv only
-//                  once the reserve's record has checked out (the existing VSA kernels cannot
-//                  check it, so they never write the caller's outputs)
-//             dout_c [B, Hq, nq, D], dmm [B, Hq, nq, nkv], dq_c [B, Hq, nq, D],
-//             dk_c, dv_c [B, Hkv, nkv, D]: the coarse branch's gradients, dtype
+//             dout_c [B, Hq, nq, D], dmm [B, Hq, nq, nkv]: the coarse branch's gradients, dtype
+//             dq_term [B, Hq, nq, D], dk_term, dv_term [B, Hkv, nkv, D]: the block means'
+//                  backward, dtype(d(x_c) / size) per block, which the fine backward adds to every
+//                  row of the block as it writes dq, dk, dv (kern::BlockTerms), once the reserve's
+//                  record has checked out
 #pragma once
 
 #include <cstddef>
@@ -46,14 +45,14 @@ struct VsaLayerReserve {
 struct VsaLayerPlan {
   VsaLayerReserve reserve;
   WorkspaceRegion forward_fine;  // absent while the fine forward needs no workspace
-  WorkspaceRegion backward_fine, dq_s, dk_s, dv_s, dout_c, dmm, dq_c, dk_c, dv_c;
+  WorkspaceRegion backward_fine, dout_c, dmm, dq_term, dk_term, dv_term;
   size_t forward_workspace = 0, backward_workspace = 0;
   size_t workspace_bytes = 0;  // the larger: one buffer serves both calls
 
   // Launch shapes (kernels/vsa_layer/): units of work of the per-block passes and blocks of 128
   // threads for them; the coarse kernels' grids (x: tiles of kLayerCoarseRows rows, y: heads).
-  int64_t mean_units = 0, gate_units = 0, combine_units = 0;
-  unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0, combine_blocks = 0;
+  int64_t mean_units = 0, gate_units = 0;
+  unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
   unsigned coarse_q_tiles = 0, coarse_kv_tiles = 0;
 };
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One device call for a change to the whole VSA layer, ON THE GPU MACHINE from a source tree's root
+# with .device-deps beside it or inside: builds for sm_90a only (tools/device/quick_check.sh's
+# build), runs the layer's GPU suite under each handle configuration CTest runs it with (native,
+# portable, no stored dS, deterministic), the fine VSA tests of test_gpu_ops, a memcheck pass over
+# the layer's tests, every launch's duration at the small 32-frame shape (ncu), `fvattn bench` of
+# the layer at both of docs/perf.md's shapes, and, when FASTVIDEO names FastVideo's
+# fastvideo-kernel/python folder, tools/bench_fastvideo_layer.py at both shapes. Each step under its
+# own time limit; a line per step, the benches' tables last. Writes $OUT/layer-check.log and JSON.
+#   FASTVIDEO=.fastvideo/fastvideo-kernel/python tools/device/layer_check.sh
+#   LAYER_STEPS (default "tests memcheck times bench fastvideo") picks steps after the build.
+set -uo pipefail
+OUT=${OUT:-/tmp/fvattn-layer-check}
+mkdir -p "$OUT"
+export GPU_CHECK_BUILD_DIR=${GPU_CHECK_BUILD_DIR:-/tmp/fvattn-quick}
+B=$GPU_CHECK_BUILD_DIR
+log=$OUT/layer-check.log
+: > "$log"
+want() { [[ " ${LAYER_STEPS:-tests memcheck times bench fastvideo} " == *" $1 "* ]]; }
+step() {  # step NAME LIMIT COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/step.log" 2>&1
+  local rc=$?
+  { echo "===== $name (rc $rc)"; cat "$OUT/step.log"; } >> "$log"
+  printf '%-22s %-8s %4ss  %s\n' "$name" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL($rc)")" \
+    $((SECONDS - t0)) "$(grep -E 'test cases|ERROR SUMMARY|layer_over_fine' "$OUT/step.log" | tail -n 1 | cut -c1-80)"
+}
+OUT=$OUT QUICK_STEPS=build tools/device/quick_check.sh | head -n 1
+[ -x "$B/tests/test_gpu_vsa_layer" ] || { tail -n 40 "$OUT/quick.log"; exit 1; }
+if want tests; then
+  step "layer (native)" 150 "$B/tests/test_gpu_vsa_layer"
+  step "layer (portable)" 150 env FVATTN_TEST_KERNELS=portable "$B/tests/test_gpu_vsa_layer"
+  step "layer (no stored dS)" 150 env FVATTN_TEST_DS_BUDGET_MIB=0 "$B/tests/test_gpu_vsa_layer"
+  step "layer (deterministic)" 150 env FVATTN_TEST_DETERMINISTIC=1 FVATTN_TEST_DS_BUDGET_MIB=0 \
+    "$B/tests/test_gpu_vsa_layer"
+  step "ops: VSA" 150 "$B/tests/test_gpu_ops" -tc='*VSA*'
+fi
+if want memcheck; then
+  step "memcheck layer" 150 env FVATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 --print-limit 20 "$B/tests/test_gpu_vsa_layer"
+fi
+h12="--layer 8,30,52 --heads 12 --topk 26"
+wan="--layer 21,30,52 --heads 40 --topk 78"
+if want times; then
+  step "kernel times h12" 120 env BUILD_DIR="$B" KERNELS=fva SEQ=h12 \
+    BENCH_ARGS="--ops layer $h12" tools/device/kernel_times.sh
+  grep -E "^S=h12" "$OUT/step.log" | sed 's/^S=h12 *//' > "$OUT/times-h12.txt"
+fi
+if want bench; then
+  # shellcheck disable=SC2086
+  step "bench layer h12" 120 "$B/tools/fvattn" bench --ops layer $h12 --no-sdpa --iters 10 \
+    --warmup 2 --json "$OUT/layer-h12.json"
+  cp "$OUT/step.log" "$OUT/bench-h12.txt"
+  # shellcheck disable=SC2086
+  step "bench layer wan" 150 "$B/tools/fvattn" bench --ops layer $wan --no-sdpa --iters 10 \
+    --warmup 2 --json "$OUT/layer-wan14b.json"
+  cp "$OUT/step.log" "$OUT/bench-wan.txt"
+fi
+if want fastvideo && [ -n "${FASTVIDEO:-}" ]; then
+  export FVATTN_LIBRARY=$B/src/libfvattn.so.1 PYTHONPATH=$PWD/bindings/python
+  step "fastvideo h12" 200 python3 tools/bench_fastvideo_layer.py --fastvideo "$FASTVIDEO" \
+    --grid 8,30,52 --heads 12 --topk 26 --json "$OUT/fastvideo-h12.json"
+  cp "$OUT/step.log" "$OUT/fastvideo-h12.txt"
+  step "fastvideo wan" 240 python3 tools/bench_fastvideo_layer.py --fastvideo "$FASTVIDEO" \
+    --grid 21,30,52 --heads 40 --topk 78 --json "$OUT/fastvideo-wan14b.json"
+  cp "$OUT/step.log" "$OUT/fastvideo-wan.txt"
+fi
+for f in times-h12.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
+  [ -f "$OUT/$f" ] || continue
+  echo "== $f"
+  grep -v -E "^bench layer|running|^\s*$" "$OUT/$f" | tail -n 24
+done
