@@ -1,6 +1,7 @@
-// `fvattn demo` on a GPU: QAT attention (FastVideo's production preset) and VSA (25% density, last
-// kv block ragged) forward and backward at a video-model shape (default B=1, H=8, S=16384, D=128),
-// timed with CUDA events, and checked against the independent float64 reference (tools/reference64).
+// `fvattn demo` on a GPU: QAT attention (FastVideo's production preset), VSA (25% density, last kv
+// block ragged) and the whole VSA layer (with gate), forward and backward, at a video-model shape
+// (default B=1, H=8, S=16384, D=128), timed with CUDA events, and checked against the independent
+// float64 reference (tools/reference64).
 //
 // A float64 run of the whole problem would take hours, so the check uses slices whose exact result
 // does not depend on the rest: attention rows are independent, so o, lse and dQ of a 64-row query
@@ -84,6 +85,61 @@ std::vector<double> lse_slice(const std::vector<float>& lse, int64_t S, int64_t 
   return std::vector<double>(lse.begin() + h * S + s0, lse.begin() + h * S + s0 + n);
 }
 
+
+// Zeros in the last `pad` slots of every head (the padding slots of a ragged last block, which
+// FastVideo's tiling leaves zero), on the host and the device.
+void zero_tail(Full& x, int64_t pad) {
+  for (int64_t h = 0; h < x.H; ++h)
+    std::fill(x.host.begin() + (h * x.S + x.S - pad) * x.D, x.host.begin() + (h + 1) * x.S * x.D, 0);
+  x.dev.upload(x.host);
+}
+
+// The whole VSA layer with gate on [1, H, S, D] inputs (block sizes 64 but the last, 40; topk a
+// quarter of the blocks): forward and backward once per call of run(), the outputs in place.
+struct LayerRun {
+  int64_t H, S, D = 128, nb, topk;
+  Full q, k, v, gate, dout, out, dq, dk, dv, dgate;
+  std::vector<int32_t> sizes;
+  DeviceArray dsizes, didx, dnum, ws, reserve;
+  fva_vsa_layer_config_t cfg = FVA_VSA_LAYER_CONFIG_INIT;
+  size_t ws_bytes = 0, reserve_bytes = 0;
+  LayerRun(fva_handle_t h, int64_t H_, int64_t S_, std::mt19937_64& rng)
+      : H(H_), S(S_), nb(S_ / 64), topk(std::max<int64_t>(1, S_ / 64 / 4)), q(H, S, D, &rng),
+        k(H, S, D, &rng), v(H, S, D, &rng), gate(H, S, D, &rng), dout(H, S, D, &rng),
+        out(H, S, D, nullptr), dq(H, S, D, nullptr), dk(H, S, D, nullptr), dv(H, S, D, nullptr),
+        dgate(H, S, D, nullptr), sizes(static_cast<size_t>(nb), 64), dsizes(sizes.size() * 4),
+        didx(static_cast<size_t>(H * nb * topk) * 4), dnum(static_cast<size_t>(H * nb) * 4) {
+    sizes.back() = 40;
+    dsizes.upload(sizes);
+    for (Full* x : {&q, &k, &v}) zero_tail(*x, 24);
+    cfg.topk = static_cast<int32_t>(topk);
+    const fva_tensor_t tq = q.t(), tk = k.t(), tv = v.t();
+    fva_check(fva_vsa_layer_sizes(h, &cfg, &tq, &tk, &tv, &ws_bytes, &reserve_bytes), "fva_vsa_layer_sizes");
+    ws = DeviceArray(ws_bytes);
+    reserve = DeviceArray(reserve_bytes);
+  }
+  void run(fva_handle_t h, cudaStream_t stream) {
+    const fva_tensor_t tq = q.t(), tk = k.t(), tv = v.t(), tg = gate.t(), tdo = dout.t(), to = out.t(),
+                       tdq = dq.t(), tdk = dk.t(), tdv = dv.t(), tdg = dgate.t();
+    const fva_tensor_t ts = contiguous(dsizes.get(), FVA_DTYPE_I32, {nb});
+    const fva_tensor_t ti = contiguous(didx.get(), FVA_DTYPE_I32, {1, H, nb, topk});
+    const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {1, H, nb});
+    fva_check(fva_vsa_layer_forward(h, &cfg, &tq, &tk, &tv, &tg, &ts, &ts, &to, &ti, &tn, reserve.get(),
+                                    reserve_bytes, ws.get(), ws_bytes, stream),
+              "fva_vsa_layer_forward");
+    fva_check(fva_vsa_layer_backward(h, &cfg, &tq, &tk, &tv, &tg, &ts, &ts, &tdo, reserve.get(),
+                                     reserve_bytes, &tdq, &tdk, &tdv, &tdg, ws.get(), ws_bytes, stream),
+              "fva_vsa_layer_backward");
+  }
+};
+
+// A whole [1, H, S, D] tensor as a float64 reference tensor.
+ref64::Tensor whole(const Full& x) {
+  ref64::Tensor r(ref64::Shape{1, x.H, x.S, x.D});
+  for (size_t i = 0; i < x.host.size(); ++i) r.data[i] = bf16_to_double(x.host[i]);
+  return r;
+}
+
 }  // namespace
 
 int demo_gpu(fva_handle_t h, int64_t H, int64_t S, uint64_t seed, int runs) {
@@ -96,7 +152,8 @@ int demo_gpu(fva_handle_t h, int64_t H, int64_t S, uint64_t seed, int runs) {
              FVA_VERSION_MAJOR, FVA_VERSION_MINOR, FVA_VERSION_PATCH, info.device_name,
              info.sm_major, info.sm_minor, info.image, H, S, D, seed);
   fmt::print("QAT: FastVideo production preset (NVFP4 block scales, high-precision o); VSA: 25% of kv "
-             "blocks per q block, last block 40 tokens\n");
+             "blocks per q block, last block 40 tokens; VSA layer: the whole video_sparse_attn with\n"
+             "gate, top-k a quarter of the blocks (its TFLOPS count the fine branch)\n");
   Full q(H, S, D, &rng), k(H, S, D, &rng), v(H, S, D, &rng), dout(H, S, D, &rng);
   Full o(H, S, D, nullptr), o_hp(H, S, D, nullptr), dq(H, S, D, nullptr), dk(H, S, D, nullptr), dv(H, S, D, nullptr);
   DeviceArray lse_dev(static_cast<size_t>(H * S) * 4);
@@ -229,6 +286,43 @@ int demo_gpu(fva_handle_t h, int64_t H, int64_t S, uint64_t seed, int runs) {
                                                 lse_slice(lse, S, head, 0, S), dout.slice(head, 0, S), col);
     checks.push_back({"vsa dk", rel_l2(dk.slice(head, ks0, 64).data, gk.dk.data), 1e-2});
     checks.push_back({"vsa dv", rel_l2(dv.slice(head, ks0, 64).data, gk.dv.data), 1e-2});
+  }
+
+  // ---- the whole VSA layer ----
+  // Timed at the demo's shape; checked on a second, small problem (H = 2, S = 1024) against the
+  // float64 reference of the whole layer, whose fine branch at the demo's shape would take minutes.
+  {
+    fmt::print(stderr, "demo: the whole VSA layer on the GPU ...\n");
+    LayerRun big(h, H, S, rng);
+    ms = median_ms(stream, 1, runs, [&](int) { big.run(h, stream); });
+    const double fine = 3.5 * 4.0 * H * D * 64.0 * 64.0 * static_cast<double>(nb * big.topk);
+    times.push_back({"vsa layer f+b", ms, fine / (ms * 1e9)});
+    LayerRun small(h, 2, 1024, rng);
+    small.run(h, stream);
+    cuda_check(cudaDeviceSynchronize(), "VSA layer");
+    for (Full* f : {&small.out, &small.dq, &small.dk, &small.dv, &small.dgate}) f->fetch();
+    fmt::print(stderr, "demo: float64 reference of the small VSA layer ...\n");
+    const ref64::VsaLayerInputs in{whole(small.q), whole(small.k), whole(small.v), whole(small.gate),
+                                   true, small.sizes, small.sizes};
+    ref64::VsaLayerConfig rc;
+    rc.topk = small.topk;
+    ref64::VsaLayerSelection chosen;
+    chosen.k = small.topk;
+    chosen.q2k_idx = small.didx.download<int32_t>(static_cast<size_t>(small.H * small.nb * small.topk));
+    chosen.q2k_num = small.dnum.download<int32_t>(static_cast<size_t>(small.H * small.nb));
+    const ref64::VsaLayerForward ref = ref64::vsa_layer_forward(rc, ref64::DType::BF16, in, &chosen);
+    const ref64::VsaLayerGrads g = ref64::vsa_layer_backward(rc, ref64::DType::BF16, in, ref,
+                                                             whole(small.dout));
+    checks.push_back({"layer out", rel_l2(whole(small.out).data, ref.out.data), 1e-2});
+    checks.push_back({"layer dq", rel_l2(whole(small.dq).data, g.dq.data), 1e-2});
+    checks.push_back({"layer dk", rel_l2(whole(small.dk).data, g.dk.data), 1e-2});
+    checks.push_back({"layer dv", rel_l2(whole(small.dv).data, g.dv.data), 1e-2});
+    checks.push_back({"layer dgate", rel_l2(whole(small.dgate).data, g.dgate.data), 1e-2});
+    // The lists must be SPEC 3b's selection from the reference's own scores (random inputs leave
+    // no near-ties in practice): 0 when equal.
+    const ref64::VsaLayerSelection own =
+        ref64::vsa_layer_select(ref.scores, 1, small.H, small.nb, small.sizes, small.topk);
+    checks.push_back({"layer lists", own.q2k_idx == chosen.q2k_idx ? 0.0 : 1.0, 0.0});
   }
 
   fmt::print("\n{:<14} {:>10} {:>9}\n", "op", "time ms", "TFLOPS");

@@ -8,7 +8,7 @@
 # fastvideo-kernel/python folder, tools/bench_fastvideo_layer.py at both shapes. Each step under its
 # own time limit; a line per step, the benches' tables last. Writes $OUT/layer-check.log and JSON.
 #   FASTVIDEO=.fastvideo/fastvideo-kernel/python tools/device/layer_check.sh
-#   LAYER_STEPS (default "tests memcheck times bench fastvideo") picks steps after the build.
+#   LAYER_STEPS (default "tests memcheck demo times bench fastvideo") picks steps after the build.
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-layer-check}
 mkdir -p "$OUT"
@@ -16,7 +16,7 @@ export GPU_CHECK_BUILD_DIR=${GPU_CHECK_BUILD_DIR:-/tmp/fvattn-quick}
 B=$GPU_CHECK_BUILD_DIR
 log=$OUT/layer-check.log
 : > "$log"
-want() { [[ " ${LAYER_STEPS:-tests memcheck times bench fastvideo} " == *" $1 "* ]]; }
+want() { [[ " ${LAYER_STEPS:-tests memcheck demo times bench fastvideo} " == *" $1 "* ]]; }
 step() {  # step NAME LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
@@ -24,7 +24,7 @@ step() {  # step NAME LIMIT COMMAND...
   local rc=$?
   { echo "===== $name (rc $rc)"; cat "$OUT/step.log"; } >> "$log"
   printf '%-22s %-8s %4ss  %s\n' "$name" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL($rc)")" \
-    $((SECONDS - t0)) "$(grep -E 'test cases|ERROR SUMMARY|layer_over_fine' "$OUT/step.log" | tail -n 1 | cut -c1-80)"
+    $((SECONDS - t0)) "$(grep -E 'test cases|ERROR SUMMARY|layer_over_fine|FAIL' "$OUT/step.log" | tail -n 1 | cut -c1-80)"
 }
 OUT=$OUT QUICK_STEPS=build tools/device/quick_check.sh | head -n 1
 [ -x "$B/tests/test_gpu_vsa_layer" ] || { tail -n 40 "$OUT/quick.log"; exit 1; }
@@ -39,6 +39,10 @@ fi
 if want memcheck; then
   step "memcheck layer" 150 env FVATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck \
     --error-exitcode 1 --print-limit 20 "$B/tests/test_gpu_vsa_layer"
+fi
+if want demo; then
+  step "demo" 150 "$B/tools/fvattn" demo
+  cp "$OUT/step.log" "$OUT/demo.txt"
 fi
 h12="--layer 8,30,52 --heads 12 --topk 26"
 wan="--layer 21,30,52 --heads 40 --topk 78"
@@ -66,7 +70,7 @@ if want fastvideo && [ -n "${FASTVIDEO:-}" ]; then
     --grid 21,30,52 --heads 40 --topk 78 --json "$OUT/fastvideo-wan14b.json"
   cp "$OUT/step.log" "$OUT/fastvideo-wan.txt"
 fi
-for f in times-h12.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
+for f in demo.txt times-h12.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
   [ -f "$OUT/$f" ] || continue
   echo "== $f"
   grep -v -E "^bench layer|running|^\s*$" "$OUT/$f" | tail -n 24
