@@ -40,7 +40,7 @@ __device__ __forceinline__ void stage_rows(const SmemTile<64, D>& tile, const fl
   for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const bool any = l[half] > 0.0f;
+      const bool any = l[half] != 0.0f;  // a NaN l (a NaN or Inf input) gives NaN, not an empty row
       const float a = any ? __fdiv_rn(acc[j][2 * half], l[half]) : 0.0f;
       const float b = any ? __fdiv_rn(acc[j][2 * half + 1], l[half]) : 0.0f;
       tile.store_pair(row0 + g + 8 * half, j * 8 + 2 * t, T::pack(a, b));
@@ -279,7 +279,7 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
         const int row = q0 + row0 + g + 8 * r;
         if (row < p.Sq)
           p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
-              l[mt][r] > 0.0f ? m[mt][r] + log2f(l[mt][r]) : -CUDART_INF_F;
+              l[mt][r] != 0.0f ? m[mt][r] + log2f(l[mt][r]) : -CUDART_INF_F;
       }
     }
   }

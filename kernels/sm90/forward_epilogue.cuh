@@ -20,15 +20,17 @@
 
 namespace fva::dev::sm90 {
 
-// The row's log-sum-exp (base 2, of the scaled logits), -inf for a row that saw no key.
+// The row's log-sum-exp (base 2, of the scaled logits), -inf for a row that saw no key, NaN for a
+// row whose sum is NaN (a NaN or Inf among its inputs: SPEC-notes' NaN rule).
 __device__ __forceinline__ void store_row_lse(const kern::AttentionParams& p, int b, int h, int row,
                                               float m, float l) {
   p.lse.data[b * p.lse.stride_b + h * p.lse.stride_h + row * p.lse.stride_s] =
-      l > 0.0f ? m + log2f(l) : -CUDART_INF_F;
+      l != 0.0f ? m + log2f(l) : -CUDART_INF_F;
 }
 
 // The outputs of a thread's two rows (row_base, row_base + 8): o = acc / l (and o_hp), lse; a row
-// without a visible key (VSA) gets o = 0 and lse = -inf. Rows past Sq are not written.
+// without a visible key (VSA: l = 0) gets o = 0 and lse = -inf, a row whose l is NaN gets NaN.
+// Rows past Sq are not written.
 template <typename T, int D, bool kQuantizeP>
 __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParams& p, int b, int h,
                                                       int row_base, int t, const float (&o)[D / 2],
@@ -43,7 +45,7 @@ __device__ __forceinline__ void store_forward_outputs(const kern::AttentionParam
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + 8 * r;
     if (row >= p.Sq) continue;
-    const bool any = l[r] > 0.0f;
+    const bool any = l[r] != 0.0f;  // a NaN l (a NaN or Inf input) gives NaN, not an empty row
     const float inv = any ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0 there)
     // The row's column pairs, one 4-byte store each, 16 bytes apart per n8 block: one address per
     // row, the rest immediate offsets.
@@ -132,7 +134,7 @@ __device__ __forceinline__ void store_forward_outputs_tma(const kern::Sm90Forwar
   const int row_base = out.row0 + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float inv = l[r] > 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0)
+    const float inv = l[r] != 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0); NaN l: NaN
     const int row = 16 * warp + g + 8 * r;  // row % 8 = g
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)

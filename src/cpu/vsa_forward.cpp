@@ -48,13 +48,15 @@ void update_row(float c, int32_t dtype, int64_t D, int64_t n, float* s, const fl
                 float& l, float* acc) {
   float mx = kNegInf;
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-  const float m_new = std::max(m, mx * c);
-  // Only when every scaled logit is -inf (overflow): p would be 2^(-inf - -inf) = NaN; it is 0.
-  if (m_new == kNegInf) return;
-  const float alpha = std::exp2(m - m_new);  // m = -inf (first visible block): 0, no NaN
+  const float m_new = std::max(m, mx * c);  // NaN logits are passed over, as fmaxf does
+  // Every scaled logit -inf so far (overflow): p is 2^(-inf - 0) = 0, not 2^(-inf + inf) = NaN. A
+  // NaN logit still gives a NaN p, so l and the row's outputs become NaN (SPEC-notes' NaN rule),
+  // as on the GPU.
+  const float m_use = m_new == kNegInf ? 0.0f : m_new;
+  const float alpha = std::exp2(m - m_use);  // m = -inf (first visible block): 0, no NaN
   float sum = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
-    const float pj = std::exp2(s[j] * c - m_new);
+    const float pj = std::exp2(s[j] * c - m_use);
     sum += pj;                    // l sums the unrounded p ...
     s[j] = round_to_dtype(dtype, pj);   // ... P·V uses p in the tensor dtype, as the GPU's MMA does
   }
@@ -94,7 +96,7 @@ void forward_q_block(const ForwardArgs& a, int64_t b, int64_t hq, int64_t qb, Fo
 
   for (int64_t i = 0; i < kBlock; ++i) {
     float* acc = w.acc + i * D;
-    if (w.l[i] > 0.0f) {
+    if (w.l[i] != 0.0f) {  // a NaN l (a NaN or Inf input) gives NaN outputs, not an empty row
       for (int64_t d = 0; d < D; ++d) acc[d] /= w.l[i];
       a.lse.at(b, hq, s0 + i) = w.m[i] + std::log2(w.l[i]);
     } else {

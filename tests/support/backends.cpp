@@ -72,6 +72,9 @@ std::vector<std::unique_ptr<Backend>> available_backends() {
   all.push_back(std::make_unique<CpuBackend>());
   fva_handle_options_t o = FVA_HANDLE_OPTIONS_INIT;
   o.backend = FVA_BACKEND_CUDA;
+  // FVATTN_TEST_KERNELS=portable pins the portable kernels, as for the GPU suites (gpu_fixtures.h).
+  const char* kernels = std::getenv("FVATTN_TEST_KERNELS");
+  if (kernels != nullptr && std::string(kernels) == "portable") o.kernels = FVA_KERNELS_PORTABLE;
   fva_handle_t h = nullptr;
   if (fva_create(&h, &o) != FVA_OK) {
     MESSAGE("CUDA backend skipped: " << std::string(fva_last_error()));

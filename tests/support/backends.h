@@ -39,6 +39,7 @@ class Backend {
 };
 
 // Every backend usable here, CPU first. Reports through doctest's MESSAGE when CUDA is skipped.
+// FVATTN_TEST_KERNELS=portable gives the CUDA handle FVA_KERNELS_PORTABLE.
 std::vector<std::unique_ptr<Backend>> available_backends();
 
 // True (with a MESSAGE) when `st` is FVA_ERR_UNSUPPORTED on a CUDA handle: an operation this build

@@ -35,6 +35,8 @@ if want tests; then
   step "layer (deterministic)" 150 env FVATTN_TEST_DETERMINISTIC=1 FVATTN_TEST_DS_BUDGET_MIB=0 \
     "$B/tests/test_gpu_vsa_layer"
   step "ops: VSA" 150 "$B/tests/test_gpu_ops" -tc='*VSA*'
+  step "nan rule" 60 "$B/tests/test_nan_rule"
+  step "nan rule (portable)" 60 env FVATTN_TEST_KERNELS=portable "$B/tests/test_nan_rule"
 fi
 if want memcheck; then
   step "memcheck layer" 150 env FVATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck \
