@@ -6,6 +6,7 @@
 #include <new>
 
 #include "checks.h"
+#include "core/image_choice.h"
 #include "cuda/kernel_images.h"
 #include "error.h"
 #include "handle.h"
@@ -74,7 +75,10 @@ fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
       std::string why;
       if (cuda::query_device(o.device, &h->device, &why)) {
         h->backend = FVA_BACKEND_CUDA;
-        h->image = cuda::image_for(h->device.sm_major, h->device.sm_minor);
+        h->device.ptx_jit = h->tuning.ptx_jit;
+        const ImageChoice image = cuda::image_for(h->device.sm_major, h->device.sm_minor, h->tuning.ptx_jit);
+        h->image = image.image;
+        h->image_reason = image.reason;
       } else if (o.backend == FVA_BACKEND_CUDA) {
         fail(FVA_ERR_NO_DEVICE, "FVA_BACKEND_CUDA requested but no usable CUDA device: {}", why);
       } else {
@@ -125,6 +129,8 @@ fva_status_t fva_get_info(fva_handle_t handle, fva_handle_info_t* info) {
     r.chained_launches =
         h.backend == FVA_BACKEND_CUDA && cuda::chained_launches_supported(h.device, h.tuning) ? 1 : 0;
     r.cpu_threads = h.threads;
+    r.ptx_jit = h.backend == FVA_BACKEND_CUDA && h.device.ptx_jit ? 1 : 0;
+    std::strncpy(r.image_reason, h.image_reason.c_str(), sizeof r.image_reason - 1);
     const size_t n = std::min<size_t>(info->struct_size, sizeof r);
     r.struct_size = static_cast<uint32_t>(n);
     std::memcpy(info, &r, n);  // struct_size becomes what this library filled

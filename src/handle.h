@@ -19,6 +19,7 @@ struct fva_handle {
   int threads = 1;                     // CPU backend worker threads (tuning.cpu_threads)
   fva::cuda::DeviceInfo device;       // CUDA backend only
   std::string image = "cpu";          // kernel image in use ("none": no image fits the device)
+  std::string image_reason = "the CPU reference backend runs no kernel image";
 };
 
 namespace fva {

@@ -899,6 +899,7 @@ TEST_CASE("handles: tuning options are checked, resolved at create and reported 
   CHECK(o.ds_budget_mib == FVA_OPTION_AUTO);
   CHECK(o.chained_launches == FVA_OPTION_AUTO);
   CHECK(o.cpu_threads == FVA_OPTION_AUTO);
+  CHECK(o.ptx_jit == FVA_OPTION_AUTO);
   // Out of range: refused, naming the field.
   struct Bad {
     int32_t fva_handle_options_t::*field;
@@ -913,6 +914,7 @@ TEST_CASE("handles: tuning options are checked, resolved at create and reported 
       {&fva_handle_options_t::chained_launches, 5, "opts->chained_launches is 5"},
       {&fva_handle_options_t::cpu_threads, 0, "opts->cpu_threads is 0"},
       {&fva_handle_options_t::cpu_threads, 5000, "opts->cpu_threads is 5000"},
+      {&fva_handle_options_t::ptx_jit, 2, "opts->ptx_jit is 2"},
   };
   for (const Bad& b : bad) {
     INFO(b.message);
@@ -937,6 +939,8 @@ TEST_CASE("handles: tuning options are checked, resolved at create and reported 
   CHECK(info.chained_launches == 0);  // a CPU handle chains nothing
   CHECK(info.cpu_threads == 3);
   CHECK(info.sm_count == 3);
+  CHECK(info.ptx_jit == 0);  // a CPU handle runs no image
+  CHECK(std::string(info.image_reason).find("CPU") != std::string::npos);
   CHECK(info.deterministic == 0);
   CHECK(info.kernels == FVA_KERNELS_AUTO);
   set.qat_forward_split = 5;
@@ -1068,7 +1072,8 @@ TEST_CASE("ABI: struct layouts and constants are the published ones") {
   CHECK(offsetof(fva_handle_options_t, ds_budget_mib) == 28);
   CHECK(offsetof(fva_handle_options_t, chained_launches) == 32);
   CHECK(offsetof(fva_handle_options_t, cpu_threads) == 36);
-  CHECK(sizeof(fva_handle_options_t) == 40);
+  CHECK(offsetof(fva_handle_options_t, ptx_jit) == 40);
+  CHECK(sizeof(fva_handle_options_t) == 44);
   CHECK(FVA_OPTION_AUTO == -1);
   CHECK(FVA_KERNELS_AUTO == 0);
   CHECK(FVA_KERNELS_PORTABLE == 1);
@@ -1082,7 +1087,9 @@ TEST_CASE("ABI: struct layouts and constants are the published ones") {
   // fva_handle_info_t: 296 bytes in ABI 1, then the resolved options appended.
   CHECK(offsetof(fva_handle_info_t, deterministic) == 4 * 6 + 16 + 256);
   CHECK(offsetof(fva_handle_info_t, cpu_threads) == 4 * 6 + 16 + 256 + 6 * 4);
-  CHECK(sizeof(fva_handle_info_t) == 4 * 6 + 16 + 256 + 7 * 4);
+  CHECK(offsetof(fva_handle_info_t, ptx_jit) == 4 * 6 + 16 + 256 + 7 * 4);
+  CHECK(offsetof(fva_handle_info_t, image_reason) == 4 * 6 + 16 + 256 + 8 * 4);
+  CHECK(sizeof(fva_handle_info_t) == 4 * 6 + 16 + 256 + 8 * 4 + 192);
   CHECK(FVA_DTYPE_BF16 == 1);
   CHECK(FVA_DTYPE_I64 == 5);
   CHECK(FVA_ERR_INTERNAL == 7);

@@ -226,10 +226,10 @@ void print_options(const fva_handle_info_t& info) {
                                 : info.qat_forward_split == 0 ? std::string("never")
                                                               : fmt::format("{} pieces", info.qat_forward_split);
   fmt::print("  options: deterministic {}, kernels {}, qat_forward_split {}, qat_forward_clusters {}, "
-             "ds_budget_mib {}, chained_launches {}, cpu_threads {}\n",
+             "ds_budget_mib {}, chained_launches {}, cpu_threads {}, ptx_jit {}\n",
              info.deterministic, info.kernels == FVA_KERNELS_PORTABLE ? "portable" : "auto", split,
              info.qat_forward_clusters ? "on where they apply" : "off", info.ds_budget_mib,
-             info.chained_launches ? "on" : "off", info.cpu_threads);
+             info.chained_launches ? "on" : "off", info.cpu_threads, info.ptx_jit);
 }
 
 int cmd_info() {
@@ -247,11 +247,12 @@ int cmd_info() {
                gpu.sm_minor, gpu.sm_count);
     const bool none = std::strcmp(gpu.image, "none") == 0;
     const bool native = std::strcmp(gpu.image, "sm_90a") == 0 && gpu.kernels == FVA_KERNELS_AUTO;
-    fmt::print("CUDA kernel image: {}{}\n", gpu.image,
+    fmt::print("CUDA kernel image: {}{}\n  why: {}\n", gpu.image,
                none ? " (this build has no image for this device: CUDA handles return "
                       "FVA_ERR_UNSUPPORTED; rebuild with its architecture in FVATTN_SASS_ARCHS)"
                : native ? " (Hopper-native kernels where they apply, portable mma.sync elsewhere)"
-                        : " (portable mma.sync kernels: QAT, VSA, NVFP4 prep)");
+                        : " (portable mma.sync kernels: QAT, VSA, NVFP4 prep, the VSA layer)",
+               gpu.image_reason);
     print_options(gpu);
     have_gpu = !none;
   } else {

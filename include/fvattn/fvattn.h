@@ -170,11 +170,18 @@ typedef struct fva_handle_options {
                                    0: never [FVATTN_PDL] */
   int32_t cpu_threads;          /* CPU backend worker threads. AUTO: the hardware's concurrency
                                    [FVATTN_NUM_THREADS]; 1..4096 */
+  int32_t ptx_jit;              /* CUDA: run the kernels' PTX (compute_80) through the driver's JIT
+                                   even where the library has SASS for the device, the portable
+                                   kernels only (the sm_90a-native ones have no PTX): how the code
+                                   paths of devices without SASS are tested on those with it. The
+                                   first call of each kernel family pays the JIT (the driver caches
+                                   it). AUTO or 0: SASS where it fits; 1: the PTX [FVATTN_PTX_JIT] */
 } fva_handle_options_t;
 
 #define FVA_HANDLE_OPTIONS_INIT                                                                 \
   {(uint32_t)sizeof(fva_handle_options_t), FVA_BACKEND_AUTO, -1, 0, FVA_KERNELS_AUTO,           \
-   FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO}
+   FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO, FVA_OPTION_AUTO,         \
+   FVA_OPTION_AUTO}
 
 /* Creates a handle. opts may be NULL (defaults: FVA_HANDLE_OPTIONS_INIT).
  * Returns FVA_OK; FVA_ERR_INVALID_ARGUMENT (out NULL, struct_size too small, backend or device out of
@@ -192,7 +199,9 @@ typedef struct fva_handle_info {
   int32_t sm_major;       /* compute capability, 0 for the CPU backend */
   int32_t sm_minor;
   int32_t sm_count;       /* multiprocessors; CPU backend: worker threads */
-  char image[16];         /* kernel image in use: "sm_90a", ..., "cpu"; "none" if no image fits */
+  char image[16];         /* kernel image in use: "sm_80", "sm_86", "sm_89", "sm_90a", "sm_100f",
+                             "sm_120f", "compute_80" (the PTX, JIT-compiled by the driver), "cpu";
+                             "none" if no image fits */
   char device_name[256];  /* NUL-terminated */
   /* Appended after ABI 1: what the handle's options resolved to (fields past the caller's
    * struct_size are not written). */
@@ -204,6 +213,9 @@ typedef struct fva_handle_info {
   int32_t chained_launches;     /* 1 when this handle's calls chain their kernels (device and driver
                                    support it and the option allows it) */
   int32_t cpu_threads;          /* the CPU backend's worker threads (also for a CUDA handle) */
+  int32_t ptx_jit;              /* 1 when this CUDA handle runs the PTX through the JIT */
+  char image_reason[192];       /* why `image` runs: the SASS that fits the device, the PTX the
+                                   driver JIT-compiles, or why there is none (NUL-terminated) */
 } fva_handle_info_t;
 
 /* Fills *info up to info->struct_size bytes (at least sizeof of the version-1 struct, which ends

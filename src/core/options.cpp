@@ -61,6 +61,7 @@ TuningOptions resolve_tuning_options(const fva_handle_options_t& o) {
   static const OptionRule kChained{"chained_launches", "FVATTN_PDL", 0, 1, "0 or 1"};
   static const OptionRule kThreads{"cpu_threads", "FVATTN_NUM_THREADS", 1, kMaxCpuThreads,
                                    "a count of threads from 1 to 4096"};
+  static const OptionRule kPtxJit{"ptx_jit", "FVATTN_PTX_JIT", 0, 1, "0 or 1"};
   TuningOptions t;
   const int32_t split = option_value(o.qat_forward_split, kSplit);
   t.qat_forward_split = split == 1 ? 0 : split;
@@ -72,6 +73,7 @@ TuningOptions resolve_tuning_options(const fva_handle_options_t& o) {
   t.chained_launches = chained != 0;  // AUTO: where supported
   const int32_t threads = option_value(o.cpu_threads, kThreads);
   t.cpu_threads = threads == FVA_OPTION_AUTO ? hardware_threads() : threads;
+  t.ptx_jit = option_value(o.ptx_jit, kPtxJit) == 1;  // AUTO: SASS where it fits
   return t;
 }
 

@@ -17,6 +17,7 @@ struct TuningOptions {
   int32_t ds_budget_mib = 2048;      // 0: no stored dS
   bool chained_launches = true;      // where device and driver support them
   int32_t cpu_threads = 1;
+  bool ptx_jit = false;  // CUDA: the PTX images through the driver's JIT, even where SASS fits
 
   int64_t ds_budget_bytes() const { return static_cast<int64_t>(ds_budget_mib) << 20; }
 };

@@ -99,6 +99,9 @@ struct DeviceInfo {
   int sm_minor = 0;
   int sm_count = 0;
   std::string name;
+  // The handle's image choice (fva_handle_options_t.ptx_jit): load the families' PTX-only fatbins,
+  // which the driver JIT-compiles, instead of the fatbins with SASS. Set by fva_create.
+  bool ptx_jit = false;
 };
 
 // Loads libcuda.so.1 and runs cuInit once per process (thread-safe). Returns true when the driver is

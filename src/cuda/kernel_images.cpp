@@ -11,7 +11,8 @@
 namespace fva::cuda {
 
 #if FVATTN_HAVE_KERNEL_IMAGES
-// The fatbins kernels/embed_image.cmake embeds: <family>_sass and <family>_ptx (null: no PTX).
+// The fatbins kernels/embed_image.cmake embeds: <family>_sass (every SASS image and the PTX) and
+// <family>_ptx (the PTX alone; null: no PTX).
 #define FVA_KERNEL_FAMILY(family) \
   extern const void* const family##_sass; \
   extern const void* const family##_ptx;
@@ -48,8 +49,6 @@ bool family_images(const std::string& name, Family* f) {
 #endif
 }
 
-bool uses_ptx(int sm_major) { return sm_major > 12; }
-
 const Api& checked_api() {
   const Api* a = api();
   if (a == nullptr) {
@@ -79,11 +78,12 @@ CUlibrary library(const Api& a, const std::string& family, const DeviceInfo& dev
   Family f;
   if (!family_images(family, &f))
     fail(FVA_ERR_UNSUPPORTED, "this libfvattn.so was built without CUDA kernel images (FVATTN_CUDA=OFF)");
-  const bool ptx = uses_ptx(device.sm_major);
+  const bool ptx = device.ptx_jit;
   if (ptx && f.ptx == nullptr)
-    fail(FVA_ERR_UNSUPPORTED, "the {} kernels have no PTX for device {} (sm_{}{})", family,
-         device.ordinal, device.sm_major, device.sm_minor);
-  const std::string key = family + (ptx ? "/ptx" : "/sass");
+    fail(FVA_ERR_UNSUPPORTED,
+         "the {} kernels have no PTX (SASS for sm_90a only), and this handle asks for the PTX "
+         "(ptx_jit)", family);
+  const std::string key = family + (ptx ? "/ptx" : "/all");
   Registry& r = registry();
   auto it = r.libraries.find(key);
   if (it != r.libraries.end()) return it->second;
@@ -93,7 +93,7 @@ CUlibrary library(const Api& a, const std::string& family, const DeviceInfo& dev
   if (res != CUDA_SUCCESS)
     fail(res == CUDA_ERROR_NO_BINARY_FOR_GPU ? FVA_ERR_UNSUPPORTED : FVA_ERR_CUDA,
          "cannot load the {} kernel image ({}) for device {} \"{}\" (sm_{}{}): {}", family,
-         image_for(device.sm_major, device.sm_minor), device.ordinal, device.name,
+         image_for(device.sm_major, device.sm_minor, ptx).image, device.ordinal, device.name,
          device.sm_major, device.sm_minor, error_text(a, res));
   r.libraries.emplace(key, lib);
   return lib;
@@ -109,13 +109,15 @@ bool images_built() {
 #endif
 }
 
-std::string image_for(int sm_major, int sm_minor) {
-  if (!images_built()) return "none";
-  if (sm_major == 9 && sm_minor == 0) return "sm_90a";
-  if (sm_major == 10 && sm_minor == 0) return "sm_100a";
-  if (sm_major == 12) return "sm_120";
-  if (uses_ptx(sm_major)) return "compute_120 (PTX, JIT)";
-  return "none";
+ImageChoice image_for(int sm_major, int sm_minor, bool ptx_jit) {
+#if FVATTN_HAVE_KERNEL_IMAGES
+  return choose_image(sm_major, sm_minor, split_archs(FVA_SASS_ARCHS), FVA_PTX_ARCH, ptx_jit);
+#else
+  (void)sm_major;
+  (void)sm_minor;
+  (void)ptx_jit;
+  return {"none", "this libfvattn.so was built without CUDA kernel images (FVATTN_CUDA=OFF)"};
+#endif
 }
 
 void ensure_context(const DeviceInfo& device) {
@@ -137,7 +139,9 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
   const Api& a = checked_api();
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  const auto key = std::make_tuple(std::string(family), std::string(name), device.ordinal);
+  // The PTX-only image's kernels are other kernels than the SASS image's of the same name.
+  const auto key = std::make_tuple(std::string(family) + (device.ptx_jit ? "/ptx" : ""),
+                                   std::string(name), device.ordinal);
   auto it = r.kernels.find(key);
   if (it != r.kernels.end() && it->second.second >= smem_bytes) return it->second.first;
   CUkernel k = nullptr;

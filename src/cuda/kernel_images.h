@@ -1,20 +1,23 @@
 // The kernel images embedded in libfvattn.so and the kernels in them, loaded lazily through the
-// driver: one fatbin per family (qat, vsa, prep, layer) with SASS for sm_90a, sm_100a and sm_120,
-// plus a PTX (compute_120) fatbin per family for newer devices.
+// driver: per family (qat, vsa, prep, layer) one fatbin with SASS for every architecture of the build
+// (FVATTN_SASS_ARCHS) and PTX for compute_80, from which the driver takes the SASS that fits the
+// device or JITs the PTX; and a PTX-only fatbin for handles that ask for the JIT (ptx_jit). The sm90
+// family has SASS for sm_90a alone.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "core/image_choice.h"
 #include "core/options.h"
 #include "driver.h"
 
 namespace fva::cuda {
 
-// The image a device runs, from its compute capability: "sm_90a", "sm_100a", "sm_120",
-// "compute_120 (PTX, JIT)" for newer devices, or "none" (FVA_ERR_UNSUPPORTED on every op).
-std::string image_for(int sm_major, int sm_minor);
+// The image a device runs and why (core/image_choice.h over what this build embeds): "sm_86",
+// "sm_90a", "sm_100f", "compute_80" (the PTX, JIT), or "none" (FVA_ERR_UNSUPPORTED on every op).
+ImageChoice image_for(int sm_major, int sm_minor, bool ptx_jit);
 
 // True when libfvattn.so was built with kernel images (FVATTN_CUDA=ON).
 bool images_built();

@@ -24,8 +24,9 @@ ffi.cdef(source)
 lib = ffi.dlopen(library)
 
 # fva_handle_options_t: 16 bytes in ABI 1, then `kernels` and the tuning options appended;
-# fva_handle_info_t: 296 bytes in ABI 1, then the resolved options (struct_size versioning).
-expect = {"fva_tensor_t": 112, "fva_handle_options_t": 40, "fva_handle_info_t": 324,
+# fva_handle_info_t: 296 bytes in ABI 1, then the resolved options and image_reason (struct_size
+# versioning).
+expect = {"fva_tensor_t": 112, "fva_handle_options_t": 44, "fva_handle_info_t": 520,
           "fva_qat_config_t": 40, "fva_vsa_config_t": 12, "fva_nvfp4_config_t": 12,
           "fva_vsa_layer_config_t": 16}
 bad = {name: ffi.sizeof(name) for name, size in expect.items() if ffi.sizeof(name) != size}

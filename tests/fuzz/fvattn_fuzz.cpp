@@ -787,6 +787,7 @@ void handles(ByteReader& in) {
     o.ds_budget_mib = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 2048, INT32_MAX, -5});
     o.chained_launches = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 3});
     o.cpu_threads = in.pick<int32_t>({FVA_OPTION_AUTO, 1, 2, 4096, 4097, 0});
+    o.ptx_jit = in.pick<int32_t>({FVA_OPTION_AUTO, 0, 1, 2});
   }
   const uint8_t shape = in.u8();
   if (shape & 1) o.struct_size = interesting32(in);

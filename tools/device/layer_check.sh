@@ -8,7 +8,9 @@
 # fastvideo-kernel/python folder, tools/bench_fastvideo_layer.py at both shapes. Each step under its
 # own time limit; a line per step, the benches' tables last. Writes $OUT/layer-check.log and JSON.
 #   FASTVIDEO=.fastvideo/fastvideo-kernel/python tools/device/layer_check.sh
-#   LAYER_STEPS (default "tests memcheck demo times bench fastvideo") picks steps after the build.
+#   LAYER_STEPS (default "tests jit memcheck demo times bench fastvideo") picks steps after the
+#   build; "jit" runs the layer's suite, the NaN rule and the GPU suite (quick mode) through the
+#   PTX JIT (FVATTN_PTX_JIT=1: the compute_80 PTX, the portable kernels), and `fvattn info` so.
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-layer-check}
 mkdir -p "$OUT"
@@ -16,7 +18,7 @@ export GPU_CHECK_BUILD_DIR=${GPU_CHECK_BUILD_DIR:-/tmp/fvattn-quick}
 B=$GPU_CHECK_BUILD_DIR
 log=$OUT/layer-check.log
 : > "$log"
-want() { [[ " ${LAYER_STEPS:-tests memcheck demo times bench fastvideo} " == *" $1 "* ]]; }
+want() { [[ " ${LAYER_STEPS:-tests jit memcheck demo times bench fastvideo} " == *" $1 "* ]]; }
 step() {  # step NAME LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
@@ -29,6 +31,8 @@ step() {  # step NAME LIMIT COMMAND...
 OUT=$OUT QUICK_STEPS=build tools/device/quick_check.sh | head -n 1
 [ -x "$B/tests/test_gpu_vsa_layer" ] || { tail -n 40 "$OUT/quick.log"; exit 1; }
 if want tests; then
+  step "info" 30 "$B/tools/fvattn" info
+  grep -E "image|why" "$OUT/step.log" | head -n 3
   step "layer (native)" 150 "$B/tests/test_gpu_vsa_layer"
   step "layer (portable)" 150 env FVATTN_TEST_KERNELS=portable "$B/tests/test_gpu_vsa_layer"
   step "layer (no stored dS)" 150 env FVATTN_TEST_DS_BUDGET_MIB=0 "$B/tests/test_gpu_vsa_layer"
@@ -37,6 +41,13 @@ if want tests; then
   step "ops: VSA" 150 "$B/tests/test_gpu_ops" -tc='*VSA*'
   step "nan rule" 60 "$B/tests/test_nan_rule"
   step "nan rule (portable)" 60 env FVATTN_TEST_KERNELS=portable "$B/tests/test_nan_rule"
+fi
+if want jit; then
+  step "jit: info" 120 env FVATTN_PTX_JIT=1 "$B/tools/fvattn" info
+  grep -E "image|why" "$OUT/step.log" | head -n 3
+  step "jit: nan rule" 120 env FVATTN_PTX_JIT=1 "$B/tests/test_nan_rule"
+  step "jit: layer" 150 env FVATTN_PTX_JIT=1 FVATTN_GPU_TEST_QUICK=1 "$B/tests/test_gpu_vsa_layer"
+  step "jit: ops" 200 env FVATTN_PTX_JIT=1 FVATTN_GPU_TEST_QUICK=1 "$B/tests/test_gpu_ops"
 fi
 if want memcheck; then
   step "memcheck layer" 150 env FVATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck \

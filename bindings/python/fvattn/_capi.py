@@ -26,7 +26,7 @@ class Tensor(ctypes.Structure):
 
 OPTION_AUTO = -1  # FVA_OPTION_AUTO
 TUNING_OPTIONS = ("qat_forward_split", "qat_forward_clusters", "ds_budget_mib", "chained_launches",
-                  "cpu_threads")
+                  "cpu_threads", "ptx_jit")
 
 
 class HandleOptions(ctypes.Structure):
@@ -40,7 +40,7 @@ class HandleInfo(ctypes.Structure):
                 ("sm_major", c_int32), ("sm_minor", c_int32), ("sm_count", c_int32),
                 ("image", c_char * 16), ("device_name", c_char * 256),
                 ("deterministic", c_int32), ("kernels", c_int32)] + \
-               [(name, c_int32) for name in TUNING_OPTIONS]
+               [(name, c_int32) for name in TUNING_OPTIONS] + [("image_reason", c_char * 192)]
 
 
 class QatConfigC(ctypes.Structure):

@@ -57,6 +57,7 @@ def info(backend="cpu", device=-1):
     names = {_capi.BACKEND_CPU: "cpu", _capi.BACKEND_CUDA: "cuda"}
     return {"backend": names.get(i.backend, str(i.backend)), "device": i.device,
             "sm": (i.sm_major, i.sm_minor), "sm_count": i.sm_count,
-            "image": i.image.decode(), "device_name": i.device_name.decode(),
+            "image": i.image.decode(), "image_reason": i.image_reason.decode(),
+            "device_name": i.device_name.decode(),
             "deterministic": i.deterministic, "kernels": i.kernels,
             **{name: getattr(i, name) for name in _capi.TUNING_OPTIONS}}
