@@ -89,7 +89,8 @@ def main():
 
     def call(impl, x):
         fn = fvt.video_sparse_attn if impl == "fvattn" else fv_layer
-        return fn(x["q"], x["k"], x["v"], sizes, sizes, a.topk, 64, x["gate"])
+        # block_size (4, 4, 4): FastVideo reads an int n as an n x n x n tile.
+        return fn(x["q"], x["k"], x["v"], sizes, sizes, a.topk, (4, 4, 4), x["gate"])
 
     def grads_of(x):
         return [t for t in (x["q"], x["k"], x["v"], x["gate"]) if t is not None]

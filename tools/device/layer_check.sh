@@ -86,5 +86,5 @@ fi
 for f in demo.txt times-h12.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
   [ -f "$OUT/$f" ] || continue
   echo "== $f"
-  grep -v -E "^bench layer|running|^\s*$" "$OUT/$f" | tail -n 24
+  grep -v -E "^bench layer|running|^\s*$" "$OUT/$f" | tail -n 70
 done
