@@ -653,7 +653,9 @@ TEST_CASE("VSA layer: bad inputs return their status and message and write nothi
        {FVA_ERR_INVALID_ARGUMENT, "out: overlaps reserve"}},
       {"q2k_num in the reserve", [](Layer& f) { f.tnum.data = static_cast<char*>(f.reserve_arg) + 64; }, fwd,
        {FVA_ERR_INVALID_ARGUMENT, "q2k_num: overlaps reserve"}},
-      {"reserve over the gate", [](Layer& f) { f.reserve_arg = f.tgate.data; }, fwd,
+      // The gate inside the reserve (which is larger than a gate), so that nothing else of the
+      // call overlaps either, whatever the heap's layout.
+      {"reserve over the gate", [](Layer& f) { f.tgate.data = static_cast<char*>(f.reserve_arg) + 64; }, fwd,
        {FVA_ERR_INVALID_ARGUMENT, "reserve: overlaps gate"}},
       {"reserve NULL", [](Layer& f) { f.reserve_arg = nullptr; }, fwd,
        {FVA_ERR_INVALID_ARGUMENT, "reserve: is NULL but the VSA layer needs"}},

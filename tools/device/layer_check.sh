@@ -76,10 +76,10 @@ if want bench; then
 fi
 if want fastvideo && [ -n "${FASTVIDEO:-}" ]; then
   export FVATTN_LIBRARY=$B/src/libfvattn.so.1 PYTHONPATH=$PWD/bindings/python
-  step "fastvideo h12" 200 python3 tools/bench_fastvideo_layer.py --fastvideo "$FASTVIDEO" \
+  step "fastvideo h12" 120 python3 tools/bench_fastvideo_layer.py --fastvideo "$FASTVIDEO" \
     --grid 8,30,52 --heads 12 --topk 26 --json "$OUT/fastvideo-h12.json"
   cp "$OUT/step.log" "$OUT/fastvideo-h12.txt"
-  step "fastvideo wan" 240 python3 tools/bench_fastvideo_layer.py --fastvideo "$FASTVIDEO" \
+  step "fastvideo wan" 150 python3 tools/bench_fastvideo_layer.py --fastvideo "$FASTVIDEO" \
     --grid 21,30,52 --heads 40 --topk 78 --json "$OUT/fastvideo-wan14b.json"
   cp "$OUT/step.log" "$OUT/fastvideo-wan.txt"
 fi
