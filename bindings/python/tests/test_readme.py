@@ -23,12 +23,13 @@ def run(code):
 
 def test_readme_has_the_examples():
     found = blocks()
-    assert len(found) == 4, "README: expected the Python, torch, cffi and JAX examples"
-    for marker in ("fvattn.qat_attention_forward", "fvattn.torch", "cffi.FFI", "fvattn.jax"):
+    assert len(found) == 5, "README: expected the Python, torch, cffi, JAX and JAX Ulysses examples"
+    for marker in ("fvattn.qat_attention_forward", "fvattn.torch", "cffi.FFI", "fj.parallel.ulysses"):
         assert sum(marker in b for b in found) == 1, marker
+    assert sum("fvattn.jax" in b for b in found) == 2
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_readme_example_runs(index):
     code = blocks()[index]
     if "fvattn.torch" in code:

@@ -6,6 +6,7 @@
     out = fj.video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes, topk,
                                block_size=(4, 4, 4), compress_attn_weight=gate)  # the whole layer
     x = fj.tile(x, (T, H, W)); sizes = fj.tile_block_sizes((T, H, W)); y = fj.untile(y, (T, H, W))
+    attn = fj.parallel.ulysses(fj.qat_attention, "sp")   # inside jax.shard_map: sequence parallel
 
 Each is a jax.custom_vjp whose backward is the library's backward (FastVideo's gradients: straight
 through the quantizers), so they work under jax.jit, jax.grad / jax.vjp and jax.vmap, on the CPU
@@ -24,11 +25,11 @@ import numpy as np
 from .. import ops
 from .._errors import invalid_argument
 from ..config import QatConfig, VsaConfig, block_tokens
-from . import _primitives
+from . import _primitives, parallel
 from ._primitives import nvfp4_fake_quantize, register, vsa_invert_indices
 
 __all__ = ["qat_attention", "vsa_attention", "vsa_invert_indices", "nvfp4_fake_quantize",
-           "video_sparse_attn", "tile", "untile", "tile_block_sizes", "register"]
+           "video_sparse_attn", "tile", "untile", "tile_block_sizes", "register", "parallel"]
 
 
 def _frozen_qat(config):

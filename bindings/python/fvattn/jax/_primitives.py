@@ -48,9 +48,30 @@ def register():
         _registered = True
 
 
+def _varying_axes(x):
+    """The mesh axes over which x varies inside jax.shard_map (empty outside it)."""
+    t = jax.typeof(x)
+    mat = getattr(t, "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(t, "vma", ()))
+
+
+def _vary(x, axes):
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, tuple(sorted(axes)), to="varying")
+    return jax.lax.pvary(x, tuple(sorted(axes)))
+
+
 def _call(target, results, *args, **attrs):
     register()
-    return jax.ffi.ffi_call(target, results, vmap_method="expand_dims")(*args, **attrs)
+    out = jax.ffi.ffi_call(target, results, vmap_method="expand_dims")(*args, **attrs)
+    # Inside jax.shard_map a custom call's results vary over the mesh axes its inputs vary over
+    # (each device computes its own), which XLA's FFI does not infer: say so, so that a custom_vjp
+    # backward's gradients have their inputs' types (fvattn.jax.parallel).
+    axes = frozenset().union(*(_varying_axes(a) for a in args if hasattr(a, "shape")))
+    if not axes:
+        return out
+    fix = lambda r: _vary(r, axes - _varying_axes(r)) if axes - _varying_axes(r) else r  # noqa: E731
+    return type(out)(fix(r) for r in out) if isinstance(out, (tuple, list)) else fix(out)
 
 
 def _sds(shape, dtype):
