@@ -24,8 +24,7 @@ void require_backend_support(const fva_handle& h, const char* op) {
        "{}: this libfvattn has no kernel image for device {} \"{}\" (sm_{}{}){}; create the handle "
        "with FVA_BACKEND_CPU and pass host pointers to use the CPU reference backend",
        op, h.device.ordinal, h.device.name, h.device.sm_major, h.device.sm_minor,
-       cuda::images_built() ? " (images: sm_90a, sm_100a, sm_120, PTX for compute_120 and newer)"
-                            : " (it was built with FVATTN_CUDA=OFF)");
+       cuda::images_built() ? ": " + h.image_reason : std::string(" (it was built with FVATTN_CUDA=OFF)"));
 }
 
 namespace {
