@@ -20,6 +20,7 @@
 #include "reference64.h"
 #include "support/api_fixtures.h"
 #include "support/host_tensor.h"
+#include "support/reference_bridge.h"
 
 namespace {
 
@@ -29,14 +30,9 @@ using fvt::Layout;
 constexpr double kTol = 1e-2;     // o, o_hp, dq, dk, dv
 constexpr double kLseTol = 1e-3;  // lse
 
-ref64::DType ref_dtype(int32_t dt) { return dt == FVA_DTYPE_BF16 ? ref64::DType::BF16 : ref64::DType::F16; }
+using fvt::ref_dtype;
 
-ref64::Tensor to_ref(const HostTensor& t) {
-  const auto& s = t.shape();
-  ref64::Tensor r(ref64::Shape{s[0], s[1], s[2], s[3]});
-  r.data = t.values();
-  return r;
-}
+using fvt::to_ref;
 
 // rel L2 with NaN and the bound reported in the failure message.
 // FVATTN_TEST_VERBOSE=1 prints every measured error (to see the margins, not just pass/fail).

@@ -31,6 +31,7 @@
 #include "support/golden.h"
 #include "support/api_fixtures.h"
 #include "support/host_tensor.h"
+#include "support/reference_bridge.h"
 
 namespace {
 
@@ -59,12 +60,7 @@ HostTensor bf16_tensor(const ref64::Tensor& t) {
 HostTensor like(const ref64::Tensor& t) {
   return HostTensor(FVA_DTYPE_BF16, {t.shape.B, t.shape.H, t.shape.S, t.shape.D});
 }
-ref64::Tensor to_ref(const HostTensor& t) {
-  const auto& s = t.shape();
-  ref64::Tensor r(ref64::Shape{s[0], s[1], s[2], s[3]});
-  r.data = t.values();
-  return r;
-}
+using fvt::to_ref;
 
 double check_close(const std::string& what, const std::vector<double>& got, const std::vector<double>& ref,
                    double tol) {

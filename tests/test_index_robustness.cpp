@@ -26,6 +26,7 @@
 #include "reference64.h"
 #include "support/backends.h"
 #include "support/host_tensor.h"
+#include "support/reference_bridge.h"
 
 namespace {
 
@@ -233,11 +234,7 @@ Meta deduplicated(const Meta& m) {
   return d;
 }
 
-ref64::Tensor to_ref(const HostTensor& t) {
-  ref64::Tensor r(ref64::Shape{t.shape()[0], t.shape()[1], t.shape()[2], t.shape()[3]});
-  r.data = t.values();
-  return r;
-}
+using fvt::to_ref;
 
 }  // namespace
 

@@ -26,6 +26,7 @@
 #include "support/api_fixtures.h"
 #include "support/golden.h"
 #include "support/host_tensor.h"
+#include "support/reference_bridge.h"
 
 namespace {
 
@@ -36,14 +37,9 @@ using fvt::dtype_step;
 constexpr double kTol = 1e-2;  // SPEC section 4: out, dq, dk, dv, dgate
 constexpr int64_t kBlock = 64;
 
-ref64::DType ref_dtype(int32_t dt) { return dt == FVA_DTYPE_BF16 ? ref64::DType::BF16 : ref64::DType::F16; }
+using fvt::ref_dtype;
 
-ref64::Tensor to_ref(const HostTensor& t) {
-  const auto& s = t.shape();
-  ref64::Tensor r(ref64::Shape{s[0], s[1], s[2], s[3]});
-  r.data = t.values();
-  return r;
-}
+using fvt::to_ref;
 
 bool verbose() {
   static const bool v = std::getenv("FVATTN_TEST_VERBOSE") != nullptr;

@@ -30,6 +30,7 @@
 #include "gpu/gpu_fixtures.h"
 #include "reference64.h"
 #include "support/golden.h"
+#include "support/reference_bridge.h"
 
 using namespace fvt;
 
@@ -306,13 +307,8 @@ ListDiff compare_lists(const std::vector<int32_t>& got_idx, const std::vector<in
   return d;
 }
 
-ref64::Tensor to_ref(const HostTensor& t) {
-  const auto& s = t.shape();
-  ref64::Tensor r(ref64::Shape{s[0], s[1], s[2], s[3]});
-  r.data = t.values();
-  return r;
-}
-ref64::DType ref_dtype(int32_t dt) { return dt == FVA_DTYPE_BF16 ? ref64::DType::BF16 : ref64::DType::F16; }
+using fvt::to_ref;
+using fvt::ref_dtype;
 
 ref64::VsaLayerInputs ref_inputs(const LayerCase& c, const LayerInputs& in) {
   ref64::VsaLayerInputs r;

@@ -35,6 +35,19 @@ Dims check_layer(const VsaLayerInputs& in) {
   return d;
 }
 
+// The fine branch's lists: the selection, over the kv blocks' sizes.
+VsaIndex fine_index(const Dims& d, const VsaLayerSelection& sel, const std::vector<int32_t>& kv_sizes) {
+  VsaIndex idx;
+  idx.B = d.B;
+  idx.H = d.Hq;
+  idx.num_q_blocks = d.nq;
+  idx.max_k = sel.k;
+  idx.q2k_idx = sel.q2k_idx;
+  idx.q2k_num = sel.q2k_num;
+  idx.block_sizes = kv_sizes;
+  return idx;
+}
+
 int64_t tokens(const std::vector<int32_t>& sizes, int64_t i) {
   return std::clamp<int64_t>(sizes[static_cast<size_t>(i)], 0, T);
 }
@@ -133,14 +146,7 @@ VsaLayerForward vsa_layer_forward(const VsaLayerConfig& cfg, DType dt, const Vsa
     }
 
   f.selection = use ? *use : vsa_layer_select(f.scores, d.B, d.Hq, d.nq, in.kv_block_sizes, cfg.topk);
-  VsaIndex idx;
-  idx.B = d.B;
-  idx.H = d.Hq;
-  idx.num_q_blocks = d.nq;
-  idx.max_k = f.selection.k;
-  idx.q2k_idx = f.selection.q2k_idx;
-  idx.q2k_num = f.selection.q2k_num;
-  idx.block_sizes = in.kv_block_sizes;
+  const VsaIndex idx = fine_index(d, f.selection, in.kv_block_sizes);
   VsaConfig fine_cfg;
   fine_cfg.softmax_scale = cfg.softmax_scale;
   f.fine = vsa_forward(fine_cfg, dt, q, k, v, idx);
@@ -166,14 +172,7 @@ VsaLayerGrads vsa_layer_backward(const VsaLayerConfig& cfg, DType dt, const VsaL
       cfg.softmax_scale > 0.0 ? cfg.softmax_scale : 1.0 / std::sqrt(static_cast<double>(d.D));
 
   // The fine branch.
-  VsaIndex idx;
-  idx.B = d.B;
-  idx.H = d.Hq;
-  idx.num_q_blocks = d.nq;
-  idx.max_k = f.selection.k;
-  idx.q2k_idx = f.selection.q2k_idx;
-  idx.q2k_num = f.selection.q2k_num;
-  idx.block_sizes = in.kv_block_sizes;
+  const VsaIndex idx = fine_index(d, f.selection, in.kv_block_sizes);
   VsaConfig fine_cfg;
   fine_cfg.softmax_scale = cfg.softmax_scale;
   const Grads fine = vsa_backward(fine_cfg, dt, q, k, v, f.fine.o, f.fine.lse, dout, idx);
