@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_options.h"
+#include "demo_checks.h"
 #include "reference64.h"
 #include "tensor_desc.h"
 #if FVATTN_TOOLS_GPU
@@ -32,6 +33,8 @@
 #endif
 
 namespace {
+
+using fvtool::rel_l2;
 
 // ---- small helpers ----------------------------------------------------------------------------------
 
@@ -111,19 +114,6 @@ struct Operand {
 std::vector<double> f32_values(const HostTensor& t) {
   const auto* p = static_cast<const float*>(t.buf.get());
   return std::vector<double>(p, p + t.numel());
-}
-
-// Relative L2 error; NaN (never a pass) when either side has a NaN. Entries where both are -inf
-// (empty rows' lse) agree and are left out; one-sided infinities give NaN.
-double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isinf(got[i]) && std::isinf(want[i]) && got[i] == want[i]) continue;
-    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) return NAN;
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // Median wall time of `runs` calls of fn, in milliseconds.
@@ -496,26 +486,11 @@ Row demo_layer(fva_handle_t h, const DemoShape& s, std::mt19937_64& rng, int run
   // The fine branch's FLOPs, forward and backward (3.5x the forward's).
   row.gflop = 3.5 * 4.0 * s.B * s.H * nb * topk * 64.0 * 64.0 * s.D * 1e-9;
   fmt::print(stderr, "  {}: running the float64 reference ...\n", name);
-  ref64::VsaLayerInputs in{q.ref, k.ref, v.ref, gate.ref, true, sizes, sizes};
-  ref64::VsaLayerConfig rc;
-  rc.topk = topk;
-  ref64::VsaLayerSelection chosen;
-  chosen.k = topk;
-  chosen.q2k_idx.assign(static_cast<const int32_t*>(idx.buf.get()),
-                        static_cast<const int32_t*>(idx.buf.get()) + idx.numel());
-  chosen.q2k_num.assign(static_cast<const int32_t*>(num.buf.get()),
-                        static_cast<const int32_t*>(num.buf.get()) + num.numel());
-  const ref64::VsaLayerForward ref = ref64::vsa_layer_forward(rc, ref64::DType::BF16, in, &chosen);
-  const ref64::VsaLayerGrads g = ref64::vsa_layer_backward(rc, ref64::DType::BF16, in, ref, dout.ref);
-  row.errors = {{"out", rel_l2(out.values(), ref.out.data)},
-                {"dq", rel_l2(dq.values(), g.dq.data)},
-                {"dk", rel_l2(dk.values(), g.dk.data)},
-                {"dv", rel_l2(dv.values(), g.dv.data)},
-                {"dgate", rel_l2(dgate.values(), g.dgate.data)}};
-  // The selection must be the one SPEC 3b defines for the reference's own scores (random inputs
-  // leave no near-ties in practice).
-  const ref64::VsaLayerSelection own = ref64::vsa_layer_select(ref.scores, s.B, s.H, nb, sizes, topk);
-  row.errors.push_back({"lists", own.q2k_idx == chosen.q2k_idx ? 0.0 : 1.0});
+  const ref64::VsaLayerInputs in{q.ref, k.ref, v.ref, gate.ref, true, sizes, sizes};
+  const auto i32 = [](const HostTensor& t) { return static_cast<const int32_t*>(t.buf.get()); };
+  row.errors = fvtool::layer_reference_errors(
+      in, dout.ref, topk, {i32(idx), i32(idx) + idx.numel()}, {i32(num), i32(num) + num.numel()},
+      out.values(), dq.values(), dk.values(), dv.values(), dgate.values());
   return row;
 }
 
