@@ -157,7 +157,7 @@ __device__ __forceinline__ void two_products(float (&x)[2 * NP][4], float (&y)[2
 
 template <typename T, int D, typename Schedule>
 __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParams& p, char* smem) {
-  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
+  const RecordCheck check = RecordCheck::load(p);  // the VSA layer's record, decided at the stores
   using Tile = SmemTile<64, D>;
   using E = typename T::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -256,6 +256,12 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
   float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
   cp_async_wait<0>();
   __syncthreads();
+  // The VSA layer's block terms of the thread's two rows (p.terms), if any.
+  const RowTerms<T, D> terms[2] = {
+      RowTerms<T, D>(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h, p.vsa.num_q_blocks,
+                     static_cast<int64_t>(q0) + warp * 16 + g, t),
+      RowTerms<T, D>(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h, p.vsa.num_q_blocks,
+                     static_cast<int64_t>(q0) + warp * 16 + g + 8, t)};
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
     const int col = j * 8 + 2 * t;
@@ -271,13 +277,11 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
         x0 += rowsum[r] * mean0;
         x1 += rowsum[r] * mean1;
       }
-      const int row = warp * 16 + g + 8 * r;  // the VSA layer's block term (p.terms), if any
-      const RowTerm<T> term = row_term<T, D>(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h,
-                                             p.vsa.num_q_blocks, static_cast<int64_t>(q0) + row);
-      sq.store_pair(row, col, term.pack(p.scale * x0, p.scale * x1, col));
+      sq.store_pair(warp * 16 + g + 8 * r, col, terms[r].pack(p.scale * x0, p.scale * x1, j));
     }
   }
   __syncthreads();
+  if (!check.passes(p)) return;  // the VSA layer's record disagrees: write nothing
   E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h + q0 * p.dq.stride_s;
   sq.template store_rows<kBwdThreads>(dqg, p.dq.stride_s, p.Sq - q0);
 }
@@ -309,7 +313,7 @@ __device__ __forceinline__ void pair_max_columns(float (&mine)[8], float* slots,
 // p.p_scale decides at run time.
 template <typename T, int D, typename Schedule, bool kBlockP = false>
 __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionParams& p, char* smem) {
-  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
+  const RecordCheck check = RecordCheck::load(p);  // the VSA layer's record, decided at the stores
   using KTile = SmemTile<64, D>;
   using QTile = SmemTile<32, D>;
   using E = typename T::Storage;
@@ -461,18 +465,21 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
   cp_async_wait<0>();
   __syncthreads();  // K and V are no longer read: their tiles take dK and dV
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + g + 8 * r;
+    const int64_t unit = static_cast<int64_t>(b) * p.Hkv + hk, key = static_cast<int64_t>(k0) + row;
+    // The VSA layer's block terms of the row (p.terms), if any.
+    const RowTerms<T, D> kterm(p.terms.dk, unit, p.vsa.num_kv_blocks, key, t);
+    const RowTerms<T, D> vterm(p.terms.dv, unit, p.vsa.num_kv_blocks, key, t);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + 8 * r, col = j * 8 + 2 * t;
-      const int64_t unit = static_cast<int64_t>(b) * p.Hkv + hk, key = static_cast<int64_t>(k0) + row;
-      // The VSA layer's block terms (p.terms), if any.
-      const RowTerm<T> kterm = row_term<T, D>(p.terms.dk, unit, p.vsa.num_kv_blocks, key);
-      const RowTerm<T> vterm = row_term<T, D>(p.terms.dv, unit, p.vsa.num_kv_blocks, key);
-      sk.store_pair(row, col, kterm.pack(p.scale * dk[j][2 * r], p.scale * dk[j][2 * r + 1], col));
-      sv.store_pair(row, col, vterm.pack(dv[j][2 * r], dv[j][2 * r + 1], col));
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = j * 8 + 2 * t;
+      sk.store_pair(row, col, kterm.pack(p.scale * dk[j][2 * r], p.scale * dk[j][2 * r + 1], j));
+      sv.store_pair(row, col, vterm.pack(dv[j][2 * r], dv[j][2 * r + 1], j));
     }
+  }
   __syncthreads();
+  if (!check.passes(p)) return;  // the VSA layer's record disagrees: write nothing
   const int rows = sched.output_rows();
   E* dkg = static_cast<E*>(p.dk.data) + b * p.dk.stride_b + hk * p.dk.stride_h + k0 * p.dk.stride_s;
   E* dvg = static_cast<E*>(p.dv.data) + b * p.dv.stride_b + hk * p.dv.stride_h + k0 * p.dv.stride_s;

@@ -24,32 +24,56 @@ __device__ __forceinline__ bool reserve_matches(const kern::LayerReserveCheck& c
   return __all_sync(0xffffffffu, ok);
 }
 
-// At the entry of a kernel that writes dq, dk or dv, by every thread: false when the layer's record
-// disagrees with the call (the kernel then returns before writing anything). Every warp reads the
-// same record, so the whole block (and cluster) decides alike.
-__device__ __forceinline__ bool may_write_gradients(const kern::AttentionParams& p) {
-  return p.terms.check.stored == nullptr || reserve_matches(p.terms.check);
-}
-
-// One output row's block term: pack(x0, x1, col) is the pair at columns col, col + 1 of the row,
-// dtype(dtype(x) + term) with a term, dtype(x) without.
-template <typename T>
-struct RowTerm {
-  const typename T::Storage* row;  // null: no term
-  __device__ __forceinline__ uint32_t pack(float x0, float x1, int col) const {
-    if (row == nullptr) return T::pack(x0, x1);
-    const uint32_t t = *reinterpret_cast<const uint32_t*>(row + col);
-    return T::pack(T::round(x0) + T::low(t), T::round(x1) + T::high(t));
+// The record check of a kernel that writes dq, dk or dv, in two halves so that its load's latency
+// hides under the kernel's work: load() at the kernel's start (lane w < 20 loads word w of the
+// stored record), passes() right before the stores (every lane of the warp, converged): false when
+// the layer's record disagrees with the call, and the warp then writes nothing. Every warp reads the
+// same record, so every warp of the launch decides alike. Without a record to check (the VSA
+// backward alone), passes() is true and load() reads nothing.
+struct RecordCheck {
+  uint32_t word = 0;
+  __device__ __forceinline__ static RecordCheck load(const kern::AttentionParams& p) {
+    RecordCheck c;
+    const int lane = threadIdx.x & 31;
+    if (p.terms.check.stored != nullptr && lane < kern::kLayerHeaderWords)
+      c.word = reinterpret_cast<const uint32_t*>(p.terms.check.stored)[lane];
+    return c;
+  }
+  __device__ __forceinline__ bool passes(const kern::AttentionParams& p) const {
+    if (p.terms.check.stored == nullptr) return true;
+    const int lane = threadIdx.x & 31;
+    const uint32_t* expected = reinterpret_cast<const uint32_t*>(&p.terms.check.expected);
+    bool ok = true;
+#pragma unroll
+    for (int w = 0; w < kern::kLayerHeaderWords; ++w)
+      if (lane == w) ok = word == expected[w];
+    return __all_sync(0xffffffffu, ok);
   }
 };
 
-// The term of row s of head unit (b * H + h), whose 64-token blocks number nblocks, in terms
-// ([B, H, nblocks, D], contiguous; null: none).
+// The block terms of one output row at a thread's columns 8j + 2t + {0, 1} (j < D / 8: the MMA
+// accumulator layout of every kernel that writes dq, dk or dv), loaded together before the row's
+// stores (read-only loads, so they do not wait behind the stores). pack(x0, x1, j) is the pair at
+// columns 8j + 2t + {0, 1}: dtype(dtype(x) + term) with terms, dtype(x) without.
 template <typename T, int D>
-__device__ __forceinline__ RowTerm<T> row_term(const void* terms, int64_t unit, int64_t nblocks,
-                                               int64_t s) {
-  if (terms == nullptr) return {nullptr};
-  return {static_cast<const typename T::Storage*>(terms) + (unit * nblocks + s / 64) * D};
-}
+struct RowTerms {
+  uint32_t w[D / 8];
+  bool on;
+  // Row s of head unit (b * H + h), whose 64-token blocks number nblocks, in terms ([B, H, nblocks,
+  // D], contiguous; null: none).
+  __device__ __forceinline__ RowTerms(const void* terms, int64_t unit, int64_t nblocks, int64_t s,
+                                      int t)
+      : on(terms != nullptr) {
+    if (!on) return;
+    const unsigned int* row = reinterpret_cast<const unsigned int*>(
+        static_cast<const typename T::Storage*>(terms) + (unit * nblocks + s / 64) * D + 2 * t);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) w[j] = __ldg(row + 4 * j);
+  }
+  __device__ __forceinline__ uint32_t pack(float x0, float x1, int j) const {
+    if (!on) return T::pack(x0, x1);
+    return T::pack(T::round(x0) + T::low(w[j]), T::round(x1) + T::high(w[j]));
+  }
+};
 
 }  // namespace fva::dev

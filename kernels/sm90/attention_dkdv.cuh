@@ -55,7 +55,6 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   // and dP of its own (sm90/attention_dq_from_ds.cuh).
   static_assert(!kStoreDs || !kFuseDq, "dQ comes from stored dS or from the fused reductions");
   const kern::AttentionParams& p = P.a;
-  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
 
   const uint32_t base = smem_addr(smem);
   if (base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions

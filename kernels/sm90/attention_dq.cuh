@@ -99,7 +99,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
   using L = CompactTiles<D, 4>;
   constexpr int kQ = 0, kDO = 1, kK = 2, kV = 3;  // tiles
   const kern::AttentionParams& p = P.a;
-  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
+  const RecordCheck check = RecordCheck::load(p);  // the VSA layer's record, decided at the stores
 
   const L tiles{smem_addr(smem)};
   if (tiles.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
@@ -181,7 +181,7 @@ __device__ __forceinline__ void attention_dq_sm90(const kern::Sm90BackwardParams
     tile = next;
   }
 
-  store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);
+  store_dq<T, D>(p, check, b, h, row_base, t, dq, ds_sum);
 }
 
 }  // namespace fva::dev::sm90

@@ -37,7 +37,7 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
                                                           char* smem) {
   using L = DqFromDsRing<D, kStages>;
   const kern::AttentionParams& p = P.a;
-  if (!may_write_gradients(p)) return;  // the VSA layer's record disagrees: write nothing
+  const RecordCheck check = RecordCheck::load(p);  // the VSA layer's record, decided at the stores
   const L ring{smem_addr(smem)};
   if (ring.base & 1023) __trap();  // the 128-byte swizzle needs 1024-byte aligned regions
 
@@ -132,7 +132,7 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
     tile = next;
   }
 
-  store_dq<T, D>(p, b, h, row_base, t, dq, ds_sum);
+  store_dq<T, D>(p, check, b, h, row_base, t, dq, ds_sum);
 }
 
 }  // namespace fva::dev::sm90

@@ -39,12 +39,14 @@ __device__ __forceinline__ void store_ds_tile(uint4* tile, const uint32_t (&a)[4
 
 // dK * scale and dV of a thread's keys kc0 + slot_base + {0, 8} (head hk of batch b), each with its
 // block's term when the VSA layer gives them (p.terms); rows past `rows`, the keys' output rows,
-// are left alone.
+// are left alone, and nothing is written when the layer's record disagrees (check).
 template <typename T, int D>
-__device__ __forceinline__ void store_dkdv(const kern::AttentionParams& p, int b, int hk, int kc0,
+__device__ __forceinline__ void store_dkdv(const kern::AttentionParams& p, const RecordCheck& check,
+                                           int b, int hk, int kc0,
                                            int rows, int slot_base, int t, const float (&dk)[D / 2],
                                            const float (&dv)[D / 2]) {
   using E = typename T::Storage;
+  if (!check.passes(p)) return;
   E* dkg = static_cast<E*>(p.dk.data) + b * p.dk.stride_b + hk * p.dk.stride_h;
   E* dvg = static_cast<E*>(p.dv.data) + b * p.dv.stride_b + hk * p.dv.stride_h;
 #pragma unroll
@@ -53,15 +55,15 @@ __device__ __forceinline__ void store_dkdv(const kern::AttentionParams& p, int b
     if (slot >= rows) continue;
     const int64_t key = kc0 + slot;
     const int64_t unit = static_cast<int64_t>(b) * p.Hkv + hk;
-    const RowTerm<T> kterm = row_term<T, D>(p.terms.dk, unit, p.vsa.num_kv_blocks, key);
-    const RowTerm<T> vterm = row_term<T, D>(p.terms.dv, unit, p.vsa.num_kv_blocks, key);
+    const RowTerms<T, D> kterm(p.terms.dk, unit, p.vsa.num_kv_blocks, key, t);
+    const RowTerms<T, D> vterm(p.terms.dv, unit, p.vsa.num_kv_blocks, key, t);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + 2 * t;
       *reinterpret_cast<uint32_t*>(dkg + key * p.dk.stride_s + col) =
-          kterm.pack(p.scale * dk[4 * j + 2 * r], p.scale * dk[4 * j + 2 * r + 1], col);
+          kterm.pack(p.scale * dk[4 * j + 2 * r], p.scale * dk[4 * j + 2 * r + 1], j);
       *reinterpret_cast<uint32_t*>(dvg + key * p.dv.stride_s + col) =
-          vterm.pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], col);
+          vterm.pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], j);
     }
   }
 }

@@ -21,6 +21,7 @@
 #include "sm90/dkdv_epilogue.cuh"
 #include "sm90/dkdv_fused_dq.cuh"
 #include "sm90/dkdv_ring.cuh"
+#include "primitives/block_terms.cuh"
 #include "sm90/zero_tile_rows.cuh"
 
 namespace fva::dev::sm90 {
@@ -132,6 +133,7 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
   using Ring = DkdvRing<D, kStages, kFuseDq>;
   constexpr int kConsumers = Ring::kConsumers;
   const kern::AttentionParams& p = P.a;
+  const RecordCheck check = RecordCheck::load(p);  // the VSA layer's record, decided at the stores
   const int consumer = kConsumers == 1 ? 0 : warpgroup - 1;  // a constant when it can be
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -291,7 +293,7 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
   keep_dkdv_operands_alive<kFuseDq>(a_p, a_ds);
   if constexpr (kDeferDs) view.store_pending_ds(ds_pending, a_ds);  // the last tile's
 
-  store_dkdv<T, D>(p, b, hk, kc0, keys.output_rows(), slot_base, t, dk, dv);
+  store_dkdv<T, D>(p, check, b, hk, kc0, keys.output_rows(), slot_base, t, dk, dv);
 }
 
 }  // namespace fva::dev::sm90

@@ -9,20 +9,23 @@
 namespace fva::dev::sm90 {
 
 // dQ = scale (dS K + rowsum(dS) mean(k)) of a thread's two rows, each with its block's term when the
-// VSA layer gives them (p.terms); rows past Sq are not written.
+// VSA layer gives them (p.terms); rows past Sq are not written, and nothing is when the layer's
+// record disagrees (check).
 template <typename T, int D>
-__device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, int h, int row_base,
+__device__ __forceinline__ void store_dq(const kern::AttentionParams& p, const RecordCheck& check,
+                                         int b, int h, int row_base,
                                          int t, const float (&dq)[D / 2],
                                          const float (&ds_sum)[2]) {
   using E = typename T::Storage;
   const float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
+  if (!check.passes(p)) return;  // the VSA layer's record disagrees: write nothing
   E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + 8 * r;
     if (row >= p.Sq) continue;
-    const RowTerm<T> term = row_term<T, D>(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h,
-                                           p.vsa.num_q_blocks, row);
+    const RowTerms<T, D> term(p.terms.dq, static_cast<int64_t>(b) * p.Hq + h, p.vsa.num_q_blocks,
+                              row, t);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int col = j * 8 + 2 * t;
@@ -32,7 +35,7 @@ __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, int b, 
         x1 += rowsum[r] * p.k_mean[col + 1];
       }
       *reinterpret_cast<uint32_t*>(dqg + row * p.dq.stride_s + col) =
-          term.pack(p.scale * x0, p.scale * x1, col);
+          term.pack(p.scale * x0, p.scale * x1, j);
     }
   }
 }
