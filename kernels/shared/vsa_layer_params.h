@@ -36,9 +36,12 @@ struct LayerMeansParams {
 };
 
 // The coarse attention over block means and the selection (vsa_layer/coarse_forward.cu): a block
-// per (b, q head, tile of kLayerCoarseRows q blocks).
+// of kLayerCoarseThreads per (b, q head, tile of kLayerCoarseRows q blocks), a warp per row.
 constexpr int kLayerCoarseRows = 16;
-constexpr int kLayerCoarseThreads = 128;
+constexpr int kLayerCoarseThreads = 512;
+// The coarse kernels keep their tile's [16 x nkv] rows (scores and weights; dattn and dmm) in
+// dynamic shared memory up to this many kv blocks, and work on their global home beyond it.
+constexpr int kLayerCoarseSmemMaxKv = 1024;
 struct LayerCoarseForwardParams {
   const void* q_c;  // [B, Hq, nq, D]
   const void* k_c;  // [B, Hkv, nkv, D]
@@ -56,6 +59,7 @@ struct LayerCoarseForwardParams {
   int64_t kv_sizes_stride;
   int32_t B, Hq, Hkv, nq, nkv, topk;
   float scale;
+  int32_t rows_in_smem;  // nkv <= kLayerCoarseSmemMaxKv: the tile's rows in dynamic shared memory
 };
 
 // out = out_c[block] * gate + out_s (gate.data null: out_c[block] + out_s), a unit per (b, q head,
@@ -110,6 +114,7 @@ struct LayerCoarseBackwardParams {
   int64_t kv_sizes_stride;
   int32_t B, Hq, Hkv, nq, nkv;
   float scale;
+  int32_t rows_in_smem;  // the q side's tile rows in dynamic shared memory (as the forward's)
 };
 
 }  // namespace fva::kern

@@ -8,8 +8,9 @@
 // What they write is the block means' backward of those: each block's term dtype(dx_c / size) (-0
 // for a block of size 0, which passes the fine gradient unchanged), which the fine branch's
 // backward adds to every row of the block as it writes dq, dk and dv (kern::BlockTerms).
-// Two launches: the q side (a block per (b, q head, 16 q blocks): dattn, the softmax's backward
-// into dmm, dq_c), then the kv side (a block per (b, kv head, 16 kv blocks)). Both first check the
+// Two launches of 512-thread blocks: the q side (a block per (b, q head, 16 q blocks): dattn, the
+// softmax's backward into dmm (shared memory while the tile's rows fit, then the workspace), dq_c),
+// then the kv side (a block per (b, kv head, 16 kv blocks)). Both first check the
 // reserve's record and do nothing when it is not this call's (the outputs stay untouched).
 #include "vsa_layer/coarse_tiles.cuh"
 
@@ -29,6 +30,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   if (!reserve_matches(p.check)) return;  // every warp of the block decides alike
   __shared__ __align__(16) float a[kRows * D];
   __shared__ __align__(16) float work[TileSmem<D>::kWorkFloats];
+  extern __shared__ __align__(16) uint16_t tile_rows[];  // [16][nkv] when p.rows_in_smem
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
   const int i0 = blockIdx.x * kRows;
@@ -37,19 +39,17 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
   const int nkv = p.nkv;
-  uint16_t* dmm = static_cast<uint16_t*>(p.dmm) + q_row0 * nkv;
+  const TileRows dmm(tile_rows, static_cast<uint16_t*>(p.dmm) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
   load_rows<T, D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, a);
   rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, nkv, work,
-                        [&](int r, int j, float s) {
-                          dmm[static_cast<int64_t>(r) * nkv + j] = Elem<T>::bits(s);
-                        });
+                        [&](int r, int j, float s) { dmm.row(r)[j] = Elem<T>::bits(s); });
   // The softmax's backward, a warp per row: rowsum(attn ⊙ dattn), then dmm over dattn.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = p.scale;
-  for (int r = warp; r < rows; r += kThreads / 32) {
-    const uint16_t* ar = attn + static_cast<int64_t>(r) * nkv;
-    uint16_t* dr = dmm + static_cast<int64_t>(r) * nkv;
+  if (warp < rows) {
+    const uint16_t* ar = attn + static_cast<int64_t>(warp) * nkv;
+    uint16_t* dr = dmm.row(warp);
     float dot = 0.0f;
     for (int j = lane; j < nkv; j += 32) dot = step(dot, Elem<T>::value(ar[j]), Elem<T>::value(dr[j]));
     dot = warp_sum(dot);
@@ -59,17 +59,19 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
       dr[j] = Elem<T>::bits(ds * scale);
     }
   }
+  __syncthreads();
+  dmm.copy_home(rows);  // the kv side reads dmm from the workspace
   uint16_t* dq_term = static_cast<uint16_t*>(p.dq_term) + q_row0 * D;
-  rows_times_matrix<T, D>(dmm, nkv, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, nkv, work,
+  rows_times_matrix<T, D>(dmm.base, nkv, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, nkv, work,
                           [&](int r, int d, float o) {
                             const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
                             dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));
                           });
 }
 
-// The terms of dv_c and dk_c of 16 kv blocks: for each q head of the group and each tile of 32 q blocks, the
-// weights attn and dmm of the tile's [32 x 16] window and the rows of dout_c and q_c, then thread
-// t adds column t % D of its kv blocks' sums, (q head, q block) ascending.
+// The terms of dv_c and dk_c of 16 kv blocks: for each q head of the group and each tile of 32 q
+// blocks, the weights attn and dmm of the tile's [32 x 16] window and the rows of dout_c and q_c,
+// then thread t adds column t % D of its 16 D / 512 kv blocks' sums, (q head, q block) ascending.
 template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;
@@ -122,17 +124,9 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
         const float* ra = wa + ii * kRows + g * kPerThread;  // broadcast within the warp
         const float* rd = wd + ii * kRows + g * kPerThread;
 #pragma unroll
-        for (int m4 = 0; m4 < kPerThread; m4 += 4) {
-          const float4 a4 = *reinterpret_cast<const float4*>(ra + m4);
-          const float4 d4 = *reinterpret_cast<const float4*>(rd + m4);
-          acc_v[m4] = step(acc_v[m4], a4.x, o);
-          acc_v[m4 + 1] = step(acc_v[m4 + 1], a4.y, o);
-          acc_v[m4 + 2] = step(acc_v[m4 + 2], a4.z, o);
-          acc_v[m4 + 3] = step(acc_v[m4 + 3], a4.w, o);
-          acc_k[m4] = step(acc_k[m4], d4.x, q);
-          acc_k[m4 + 1] = step(acc_k[m4 + 1], d4.y, q);
-          acc_k[m4 + 2] = step(acc_k[m4 + 2], d4.z, q);
-          acc_k[m4 + 3] = step(acc_k[m4 + 3], d4.w, q);
+        for (int m = 0; m < kPerThread; ++m) {
+          acc_v[m] = step(acc_v[m], ra[m], o);
+          acc_k[m] = step(acc_k[m], rd[m], q);
         }
       }
     }

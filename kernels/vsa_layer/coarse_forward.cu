@@ -1,11 +1,12 @@
-// The VSA layer's coarse attention and selection (SPEC 3b steps 2-3) in one launch, a block of 128
+// The VSA layer's coarse attention and selection (SPEC 3b steps 2-3) in one launch, a block of 512
 // threads per (b, q head, tile of 16 q blocks), with no host round trip and no sort:
 //   1. scores[i][j] = dtype(dtype(q_c[i]·k_c[j]) * scale) for the tile's rows and every kv block,
-//      written into the reserve's attn rows (they are overwritten by the weights in step 2);
-//   2. a warp per row: softmax over the kv blocks of nonzero size (fp32, rounded to the dtype) into
-//      attn, and the topk kv blocks of highest score (ties: the lower index) as an ascending list,
-//      by a two-pass radix select on the scores' 16 bits (the k-th largest key, then the ties it
-//      needs in index order) and a ballot scan that writes the list in order;
+//      into the tile's rows (shared memory while they fit, else the reserve's attn rows);
+//   2. a warp per row: softmax over the kv blocks of nonzero size (fp32, rounded to the dtype) over
+//      the scores, and the topk kv blocks of highest score (ties: the lower index) as an ascending
+//      list, by a two-pass radix select on the scores' 16 bits (the k-th largest key, then the ties
+//      it needs in index order) and a ballot scan that writes the list in order; the weights then go
+//      to the reserve's attn rows;
 //   3. out_c[i] = dtype(attn[i]·v_c).
 // kv blocks of size 0 take no part: weight 0, never selected; a row lists min(topk, the blocks of
 // nonzero size) blocks, then -1 (the CPU backend's lists, src/cpu/vsa_layer_forward.cpp).
@@ -155,7 +156,7 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
   __shared__ __align__(16) float a[kRows * D];
   __shared__ __align__(16) float work[TileSmem<D>::kWorkFloats];
-  __shared__ int hist[kThreads / 32][256];
+  extern __shared__ __align__(16) uint16_t tile_rows[];  // [16][nkv] when p.rows_in_smem
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
   const int i0 = blockIdx.x * kRows;
@@ -163,19 +164,20 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   if (rows <= 0) return;
   const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
-  uint16_t* attn = static_cast<uint16_t*>(p.attn) + q_row0 * p.nkv;
+  const TileRows attn(tile_rows, static_cast<uint16_t*>(p.attn) + q_row0 * p.nkv, p.nkv,
+                      p.rows_in_smem != 0);
   load_rows<T, D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, a);
   const float scale = p.scale;
   rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, p.nkv, work,
-                        [&](int r, int j, float s) {
-                          attn[static_cast<int64_t>(r) * p.nkv + j] = Elem<T>::bits(rnd<T>(s) * scale);
-                        });
+                        [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
   const int warp = threadIdx.x >> 5;
-  for (int r = warp; r < rows; r += kThreads / 32)
-    softmax_and_select<T>(p, b, h, i0 + r, attn + static_cast<int64_t>(r) * p.nkv, hist[warp]);
+  // The histograms take the work region, free between the two products.
+  if (warp < rows)
+    softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), reinterpret_cast<int*>(work) + 256 * warp);
   __syncthreads();
+  attn.copy_home(rows);
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
-  rows_times_matrix<T, D>(attn, p.nkv, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, p.nkv,
+  rows_times_matrix<T, D>(attn.base, p.nkv, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, p.nkv,
                           work, [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
 }
 
@@ -183,7 +185,7 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
 }  // namespace fva::dev::layer
 
 #define FVA_LAYER_COARSE_FORWARD(dtype, T, D)                                             \
-  extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads)           \
+  extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)         \
       fva_layer_coarse_fwd_##dtype##_d##D(const fva::kern::LayerCoarseForwardParams p) { \
     fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                     \
     fva::dev::layer::coarse_forward<T, D>(p);                                             \

@@ -1,7 +1,10 @@
-// The small products of the VSA layer's coarse attention, for a block of kLayerCoarseThreads (128)
-// threads that owns a tile of kLayerCoarseRows (16) rows: block-vector matrices of a few thousand
-// rows at most per head, so plain fp32 FMAs from shared memory, each sum in ascending order of its
-// index (layer_common.cuh's step). Every access is bounded by the rows and columns that exist.
+// The small products of the VSA layer's coarse attention, for a block of kLayerCoarseThreads (512)
+// threads, 16 warps, that owns a tile of kLayerCoarseRows (16) rows: block-vector matrices of a few
+// thousand rows at most per head, so plain fp32 FMAs from shared memory, each sum in ascending order
+// of its index (layer_common.cuh's step), as the CPU backend adds them. Sixteen warps, not four,
+// because these products are short and latency-bound: the row-wise passes give each warp one row,
+// and the products keep enough independent FMA chains in flight per SM. Every access is bounded by
+// the rows and columns that exist.
 #pragma once
 
 #include "vsa_layer/layer_common.cuh"
@@ -9,16 +12,22 @@
 namespace fva::dev::layer {
 
 constexpr int kRows = kern::kLayerCoarseRows;       // 16
-constexpr int kThreads = kern::kLayerCoarseThreads;  // 128
-constexpr int kColTile = 64;  // columns of a tile of dot products
-constexpr int kSumTile = 32;  // terms of a tile of the weighted sums
+constexpr int kThreads = kern::kLayerCoarseThreads;  // 512
+constexpr int kWarps = kThreads / 32;               // 16
+static_assert(kWarps == kRows, "the row-wise passes give each warp one row of the tile");
+constexpr int kColTile = 128;  // columns of a tile of dot products
+constexpr int kSumTile = 32;   // terms of a tile of the weighted sums
 
-// Shared memory of one block: the 16 rows in fp32, then a region the two products take turns on.
+// Shared memory of one block: the 16 rows in fp32 (RowTile), then a work region that the two
+// products and the row-wise passes' histograms take turns on.
 template <int D>
 struct TileSmem {
-  static constexpr int kDotFloats = kColTile * (D + 1);             // the column tile, padded
+  static constexpr int kColPitch = D + 2;  // 16-bit elements per column row: conflict-free words
+  static constexpr int kDotFloats = kColTile * kColPitch / 2;         // the column tile, 16-bit
   static constexpr int kSumFloats = kSumTile * D + kRows * kSumTile;  // the matrix tile, weights
-  static constexpr int kWorkFloats = kDotFloats > kSumFloats ? kDotFloats : kSumFloats;
+  static constexpr int kHistFloats = kWarps * 256;                    // a histogram per warp
+  static constexpr int kMax2 = kDotFloats > kSumFloats ? kDotFloats : kSumFloats;
+  static constexpr int kWorkFloats = kMax2 > kHistFloats ? kMax2 : kHistFloats;
 };
 
 // The tile's rows (rows <= 16 of them, the first rows of a contiguous [n x D] matrix of 16-bit
@@ -36,68 +45,66 @@ __device__ __forceinline__ void load_rows(const uint16_t* m, int rows, float* a)
 
 // s[r][j] = a[r]·m[j] (fp32, d ascending) for r < rows and j < n, with a the tile's rows in shared
 // memory (load_rows: transposed, 16-byte aligned) and m a contiguous [n x D] matrix: store(r, j, s)
-// for each. Warp w computes rows 4w..4w+3 against columns lane and lane + 32 of each 64-column tile:
-// per d two conflict-free loads of the columns, one broadcast load of the rows, eight FMAs. Ends
-// with the block synchronized (the work region free again).
+// for each. A tile of 128 columns stays 16-bit in shared memory (pitch D + 2, so a warp's 32
+// columns fall in 32 banks); warp w computes rows 4 (w % 4) .. + 3 against column 32 (w / 4) + lane:
+// per two d one word of the column, two broadcast loads of the rows, eight FMAs. Ends with the block
+// synchronized (the work region free again).
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_dot_matrix(const float* a, int rows, const uint16_t* m, int n,
                                                 float* work, Store&& store) {
-  constexpr int kPitch = D + 1;  // conflict-free column reads
+  constexpr int kPitch = TileSmem<D>::kColPitch;
+  constexpr int kWordsPerRow = D / 8;  // 16-byte words of a global row
+  uint32_t* tile = reinterpret_cast<uint32_t*>(work);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row0 = 4 * (warp & 3), col = 32 * (warp >> 2) + lane;
   for (int j0 = 0; j0 < n; j0 += kColTile) {
     __syncthreads();  // the previous tile (or the caller) is done with the work region
-    for (int w = threadIdx.x; w < kColTile * D / 2; w += kThreads) {
-      const int jj = w / (D / 2), c = w % (D / 2);
-      const uint32_t v = j0 + jj < n
-                             ? reinterpret_cast<const uint32_t*>(m)[static_cast<int64_t>(j0 + jj) * (D / 2) + c]
-                             : 0u;
-      work[jj * kPitch + 2 * c] = lo<T>(v);
-      work[jj * kPitch + 2 * c + 1] = hi<T>(v);
+    for (int w = threadIdx.x; w < kColTile * kWordsPerRow; w += kThreads) {
+      const int jj = w / kWordsPerRow, c = w % kWordsPerRow;
+      const uint4 v = j0 + jj < n ? reinterpret_cast<const uint4*>(m)[static_cast<int64_t>(j0 + jj) * kWordsPerRow + c]
+                                  : make_uint4(0u, 0u, 0u, 0u);
+      uint32_t* dst = tile + jj * (kPitch / 2) + 4 * c;
+      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
     }
     __syncthreads();
-    float acc[4][2];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = 0.0f;
-    const float* c0 = work + lane * kPitch;
-    const float* c1 = work + (lane + 32) * kPitch;
-    const float* a0 = a + 4 * warp;  // the warp's four rows of column d: a0[d * 16 .. + 3]
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t* c0 = tile + col * (kPitch / 2);
+    const float* a0 = a + row0;  // the warp's four rows of column d: a0[d * 16 .. + 3]
 #pragma unroll 8
-    for (int d = 0; d < D; ++d) {
-      const float k0 = c0[d], k1 = c1[d];
-      const float4 x4 = *reinterpret_cast<const float4*>(a0 + d * kRows);  // one broadcast load
-      const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+    for (int d2 = 0; d2 < D / 2; ++d2) {
+      const uint32_t kw = c0[d2];
+      const float k[2] = {lo<T>(kw), hi<T>(kw)};
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        acc[r][0] = step(acc[r][0], x[r], k0);
-        acc[r][1] = step(acc[r][1], x[r], k1);
+      for (int e = 0; e < 2; ++e) {
+        const float4 x = *reinterpret_cast<const float4*>(a0 + (2 * d2 + e) * kRows);  // broadcast
+        acc[0] = step(acc[0], x.x, k[e]);
+        acc[1] = step(acc[1], x.y, k[e]);
+        acc[2] = step(acc[2], x.z, k[e]);
+        acc[3] = step(acc[3], x.w, k[e]);
       }
     }
+    const int j = j0 + col;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int row = 4 * warp + r;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int j = j0 + lane + 32 * h;
-        if (row < rows && j < n) store(row, j, acc[r][h]);
-      }
-    }
+    for (int r = 0; r < 4; ++r)
+      if (row0 + r < rows && j < n) store(row0 + r, j, acc[r]);
   }
   __syncthreads();
 }
 
 // out[r][d] = Σ_{j < n} w[r][j] · m[j][d] (fp32, j ascending) for r < rows: w the tile's rows of a
-// [rows x n] matrix of 16-bit weights with row pitch w_pitch (global memory, written before the
-// block's last barrier), m a contiguous [n x D] matrix; store(r, d, out) for each. Thread t owns
-// column t % D of rows (t / D) * R .. + R - 1, R = 16 * D / 128: per term one conflict-free load,
-// R / 4 broadcast loads of the weights, R FMAs. Ends with the block synchronized.
+// [rows x n] matrix of 16-bit weights with row pitch w_pitch (shared or global memory, written
+// before the block's last barrier), m a contiguous [n x D] matrix; store(r, d, out) for each.
+// Thread t owns column t % D of rows (t / D) * R .. + R - 1, R = 16 D / 512 (4 or 2): per term one
+// conflict-free load, one broadcast load of the weights, R FMAs. Ends with the block synchronized.
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_pitch, int rows,
                                                   const uint16_t* m, int n, float* work,
                                                   Store&& store) {
-  constexpr int kGroups = kThreads / D;  // 1 (D = 128) or 2 (D = 64)
+  constexpr int kGroups = kThreads / D;  // 4 (D = 128) or 8 (D = 64)
   constexpr int kPerThread = kRows / kGroups;
-  float* mt = work;                    // [kSumTile][D]
-  float* wt = work + kSumTile * D;     // [kSumTile][kRows]: a term's weights of the 16 rows together
+  static_assert(kPerThread == 4 || kPerThread == 2, "one 16- or 8-byte load of a term's weights");
+  float* mt = work;                 // [kSumTile][D]
+  float* wt = work + kSumTile * D;  // [kSumTile][kRows]: a term's weights of the 16 rows together
   const int d = threadIdx.x % D, g = threadIdx.x / D;
   float acc[kPerThread];
 #pragma unroll
@@ -121,13 +128,16 @@ __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_p
     for (int jj = 0; jj < count; ++jj) {
       const float mv = mt[jj * D + d];
       const float* wr = wt + jj * kRows + g * kPerThread;  // broadcast within the warp
-#pragma unroll
-      for (int i4 = 0; i4 < kPerThread; i4 += 4) {
-        const float4 w4 = *reinterpret_cast<const float4*>(wr + i4);
-        acc[i4] = step(acc[i4], w4.x, mv);
-        acc[i4 + 1] = step(acc[i4 + 1], w4.y, mv);
-        acc[i4 + 2] = step(acc[i4 + 2], w4.z, mv);
-        acc[i4 + 3] = step(acc[i4 + 3], w4.w, mv);
+      if constexpr (kPerThread == 4) {
+        const float4 w4 = *reinterpret_cast<const float4*>(wr);
+        acc[0] = step(acc[0], w4.x, mv);
+        acc[1] = step(acc[1], w4.y, mv);
+        acc[2] = step(acc[2], w4.z, mv);
+        acc[3] = step(acc[3], w4.w, mv);
+      } else {
+        const float2 w2 = *reinterpret_cast<const float2*>(wr);
+        acc[0] = step(acc[0], w2.x, mv);
+        acc[1] = step(acc[1], w2.y, mv);
       }
     }
   }
@@ -138,6 +148,33 @@ __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_p
   }
   __syncthreads();
 }
+
+// The tile's rows of a [rows x n] matrix of 16-bit values, kept in shared memory while they fit
+// (kern::LayerCoarseForwardParams::rows_in_smem), else in their global home: row r at
+// base + r * n either way. copy_home() writes the shared rows to their global home (the caller
+// synchronizes first); with the rows at home already it does nothing.
+struct TileRows {
+  uint16_t* base;
+  uint16_t* home;
+  int64_t n;
+  bool in_smem;
+  __device__ __forceinline__ TileRows(uint16_t* smem, uint16_t* global_rows, int64_t cols, bool use_smem)
+      : base(use_smem ? smem : global_rows), home(global_rows), n(cols), in_smem(use_smem) {}
+  __device__ __forceinline__ uint16_t* row(int r) const { return base + r * n; }
+  __device__ __forceinline__ void copy_home(int rows) const {
+    if (!in_smem) return;
+    const int64_t elems = rows * n;
+    // Both regions start 16-byte aligned when n is a multiple of 8 (the host pads nothing: the
+    // global rows are contiguous); otherwise element by element.
+    if ((n & 7) == 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(base);
+      uint4* dst = reinterpret_cast<uint4*>(home);
+      for (int64_t e = threadIdx.x; e < elems / 8; e += kThreads) dst[e] = src[e];
+    } else {
+      for (int64_t e = threadIdx.x; e < elems; e += kThreads) home[e] = base[e];
+    }
+  }
+};
 
 // ---- warp-wide helpers ---------------------------------------------------------------------------
 

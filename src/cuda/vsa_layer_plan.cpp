@@ -65,6 +65,10 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   plan.gate_backward_blocks = blocks_for(plan.gate_units, per_pair_block);
   plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);
   plan.coarse_kv_tiles = blocks_for(f.num_kv_blocks, kern::kLayerCoarseRows);
+  plan.coarse_rows_in_smem = f.num_kv_blocks <= kern::kLayerCoarseSmemMaxKv;
+  plan.coarse_smem = plan.coarse_rows_in_smem
+                         ? sizeof(uint16_t) * kern::kLayerCoarseRows * static_cast<size_t>(f.num_kv_blocks)
+                         : 0;
   return plan;
 }
 

@@ -54,6 +54,10 @@ struct VsaLayerPlan {
   int64_t mean_units = 0, gate_units = 0;
   unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
   unsigned coarse_q_tiles = 0, coarse_kv_tiles = 0;
+  // The coarse kernels' tile rows in dynamic shared memory (nkv <= kLayerCoarseSmemMaxKv): its
+  // bytes, 0 when they work on the rows' global home.
+  bool coarse_rows_in_smem = false;
+  size_t coarse_smem = 0;
 };
 
 VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p);

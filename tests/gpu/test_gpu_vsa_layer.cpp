@@ -452,7 +452,7 @@ TEST_CASE("GPU VSA layer at fixed corners: topk 1, topk = nkv, topk > nkv, every
 // Several 16-row tiles of the coarse kernels, 64-column tiles of their dot products, 32-entry
 // chunks of the selection's scan, and rows whose scores tie exactly (copies of kv block 0), so the
 // radix select's threshold bin holds many equal keys and the lowest indices must win.
-TEST_CASE("GPU VSA layer at longer sequences: several coarse tiles, tied scores") {
+TEST_CASE("GPU VSA layer at longer sequences: several coarse tiles, tied scores, many kv blocks") {
   std::vector<LayerCase> cases;
   {
     LayerCase c;
@@ -472,6 +472,14 @@ TEST_CASE("GPU VSA layer at longer sequences: several coarse tiles, tied scores"
     LayerCase c;
     c.name = "long, topk > nkv, bf16 D64, gate, tied";
     c.B = 1, c.Hq = 1, c.Hkv = 1, c.nq = 33, c.nkv = 97, c.D = 64, c.topk = 120, c.gate = true, c.tied_kv = 40;
+    cases.push_back(c);
+  }
+  {
+    // Past kern::kLayerCoarseSmemMaxKv (1024) kv blocks the coarse kernels work on their rows'
+    // global home instead of shared memory.
+    LayerCase c;
+    c.name = "many kv blocks (coarse rows in global memory), bf16 D64, GQA, gate";
+    c.B = 1, c.Hq = 2, c.Hkv = 1, c.nq = 18, c.nkv = 1030, c.D = 64, c.topk = 40, c.gate = true;
     cases.push_back(c);
   }
   for (const LayerCase& c : cases)

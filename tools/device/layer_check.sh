@@ -3,7 +3,8 @@
 # with .device-deps beside it or inside: builds for sm_90a only (tools/device/quick_check.sh's
 # build), runs the layer's GPU suite under each handle configuration CTest runs it with (native,
 # portable, no stored dS, deterministic), the fine VSA tests of test_gpu_ops, a memcheck pass over
-# the layer's tests, every launch's duration at the small 32-frame shape (ncu), `fvattn bench` of
+# the layer's tests, every launch's duration at the small 32-frame shape (ncu) and the layer's own
+# launches and the fine backward's at Wan's, `fvattn bench` of
 # the layer at both of docs/perf.md's shapes, and, when FASTVIDEO names FastVideo's
 # fastvideo-kernel/python folder, tools/bench_fastvideo_layer.py at both shapes. Each step under its
 # own time limit; a line per step, the benches' tables last. Writes $OUT/layer-check.log and JSON.
@@ -63,6 +64,9 @@ if want times; then
   step "kernel times h12" 120 env BUILD_DIR="$B" KERNELS=fva SEQ=h12 \
     BENCH_ARGS="--ops layer $h12" tools/device/kernel_times.sh
   grep -E "^S=h12" "$OUT/step.log" | sed 's/^S=h12 *//' > "$OUT/times-h12.txt"
+  step "kernel times wan" 150 env BUILD_DIR="$B" KERNELS="fva_layer|vsa_bwd_dkdv|vsa_bwd_dq" SEQ=wan \
+    BENCH_ARGS="--ops layer $wan" tools/device/kernel_times.sh
+  grep -E "^S=wan" "$OUT/step.log" | sed 's/^S=wan *//' > "$OUT/times-wan.txt"
 fi
 if want bench; then
   # shellcheck disable=SC2086
@@ -83,7 +87,7 @@ if want fastvideo && [ -n "${FASTVIDEO:-}" ]; then
     --grid 21,30,52 --heads 40 --topk 78 --json "$OUT/fastvideo-wan14b.json"
   cp "$OUT/step.log" "$OUT/fastvideo-wan.txt"
 fi
-for f in demo.txt times-h12.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
+for f in demo.txt times-h12.txt times-wan.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
   [ -f "$OUT/$f" ] || continue
   echo "== $f"
   grep -v -E "^bench layer|running|^\s*$" "$OUT/$f" | tail -n 70
