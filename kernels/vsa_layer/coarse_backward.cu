@@ -92,42 +92,70 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   float acc_v[kPerThread], acc_k[kPerThread];
 #pragma unroll
   for (int m = 0; m < kPerThread; ++m) acc_v[m] = acc_k[m] = 0.0f;
-  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
+  // The (q head, tile of 32 q blocks) steps in order; the next step's loads are issued before this
+  // step's FMAs, so their latency hides under them.
+  constexpr int kXLoads = kSumTile * D / 2 / kThreads;  // 32-bit words of dout_c (and of q_c)
+  constexpr int kWLoads = kSumTile * kRows / kThreads;  // weights of attn (and of dmm)
+  static_assert(kXLoads * kThreads == kSumTile * D / 2 && kWLoads * kThreads == kSumTile * kRows,
+                "whole tiles per thread");
+  const int tiles_per_head = (nq + kSumTile - 1) / kSumTile;
+  const int steps = group * tiles_per_head;
+  uint32_t next_o[kXLoads], next_q[kXLoads];
+  uint16_t next_a[kWLoads], next_d[kWLoads];
+  auto fetch = [&](int step_index) {
+    const int hq = hk * group + step_index / tiles_per_head;
+    const int i0 = (step_index % tiles_per_head) * kSumTile;
     const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
-    const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv + j0;
-    const uint16_t* dmm = static_cast<const uint16_t*>(p.dmm) + q_row0 * nkv + j0;
     const uint32_t* dout_c = static_cast<const uint32_t*>(p.dout_c) + q_row0 * (D / 2);
     const uint32_t* q_c = static_cast<const uint32_t*>(p.q_c) + q_row0 * (D / 2);
-    for (int i0 = 0; i0 < nq; i0 += kSumTile) {
-      __syncthreads();  // the previous tile is consumed
-      for (int e = threadIdx.x; e < kSumTile * D / 2; e += kThreads) {
-        const int ii = e / (D / 2), c = e % (D / 2);
-        const bool in = i0 + ii < nq;
-        const int64_t at = static_cast<int64_t>(i0 + ii) * (D / 2) + c;
-        const uint32_t vo = in ? dout_c[at] : 0u, vq = in ? q_c[at] : 0u;
-        xo[ii * D + 2 * c] = lo<T>(vo);
-        xo[ii * D + 2 * c + 1] = hi<T>(vo);
-        xq[ii * D + 2 * c] = lo<T>(vq);
-        xq[ii * D + 2 * c + 1] = hi<T>(vq);
-      }
-      for (int e = threadIdx.x; e < kSumTile * kRows; e += kThreads) {
-        const int ii = e / kRows, jj = e % kRows;
-        const bool in = i0 + ii < nq && jj < cols;
-        const int64_t at = static_cast<int64_t>(i0 + ii) * nkv + jj;
-        wa[e] = in ? Elem<T>::value(attn[at]) : 0.0f;
-        wd[e] = in ? Elem<T>::value(dmm[at]) : 0.0f;
-      }
-      __syncthreads();
-      const int count = min(kSumTile, nq - i0);
-      for (int ii = 0; ii < count; ++ii) {
-        const float o = xo[ii * D + d], q = xq[ii * D + d];
-        const float* ra = wa + ii * kRows + g * kPerThread;  // broadcast within the warp
-        const float* rd = wd + ii * kRows + g * kPerThread;
 #pragma unroll
-        for (int m = 0; m < kPerThread; ++m) {
-          acc_v[m] = step(acc_v[m], ra[m], o);
-          acc_k[m] = step(acc_k[m], rd[m], q);
-        }
+    for (int i = 0; i < kXLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, ii = e / (D / 2), c = e % (D / 2);
+      const bool in = i0 + ii < nq;
+      const int64_t at = static_cast<int64_t>(i0 + ii) * (D / 2) + c;
+      next_o[i] = in ? dout_c[at] : 0u;
+      next_q[i] = in ? q_c[at] : 0u;
+    }
+    const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv + j0;
+    const uint16_t* dmm = static_cast<const uint16_t*>(p.dmm) + q_row0 * nkv + j0;
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, ii = e / kRows, jj = e % kRows;
+      const bool in = i0 + ii < nq && jj < cols;
+      const int64_t at = static_cast<int64_t>(i0 + ii) * nkv + jj;
+      next_a[i] = in ? attn[at] : uint16_t{0};
+      next_d[i] = in ? dmm[at] : uint16_t{0};
+    }
+  };
+  fetch(0);
+  for (int st = 0; st < steps; ++st) {
+    const int i0 = (st % tiles_per_head) * kSumTile;
+    __syncthreads();  // the previous step's tile is consumed
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, ii = e / (D / 2), c = e % (D / 2);
+      xo[ii * D + 2 * c] = lo<T>(next_o[i]);
+      xo[ii * D + 2 * c + 1] = hi<T>(next_o[i]);
+      xq[ii * D + 2 * c] = lo<T>(next_q[i]);
+      xq[ii * D + 2 * c + 1] = hi<T>(next_q[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      wa[e] = Elem<T>::value(next_a[i]);  // 0 bits (+0) outside the window
+      wd[e] = Elem<T>::value(next_d[i]);
+    }
+    __syncthreads();
+    if (st + 1 < steps) fetch(st + 1);
+    const int count = min(kSumTile, nq - i0);
+    for (int ii = 0; ii < count; ++ii) {
+      const float o = xo[ii * D + d], q = xq[ii * D + d];
+      const float* ra = wa + ii * kRows + g * kPerThread;  // broadcast within the warp
+      const float* rd = wd + ii * kRows + g * kPerThread;
+#pragma unroll
+      for (int m = 0; m < kPerThread; ++m) {
+        acc_v[m] = step(acc_v[m], ra[m], o);
+        acc_k[m] = step(acc_k[m], rd[m], q);
       }
     }
   }

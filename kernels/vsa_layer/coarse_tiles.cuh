@@ -57,16 +57,29 @@ __device__ __forceinline__ void rows_dot_matrix(const float* a, int rows, const 
   uint32_t* tile = reinterpret_cast<uint32_t*>(work);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row0 = 4 * (warp & 3), col = 32 * (warp >> 2) + lane;
+  // The next tile's loads are issued before this tile's FMAs, so their latency hides under them.
+  constexpr int kLoads = kColTile * kWordsPerRow / kThreads;  // 16-byte words a thread moves
+  static_assert(kColTile * kWordsPerRow % kThreads == 0, "whole tiles per thread");
+  uint4 next[kLoads];
+  auto fetch = [&](int j0) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int w = threadIdx.x + i * kThreads, jj = w / kWordsPerRow, c = w % kWordsPerRow;
+      next[i] = j0 + jj < n ? reinterpret_cast<const uint4*>(m)[static_cast<int64_t>(j0 + jj) * kWordsPerRow + c]
+                            : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  fetch(0);
   for (int j0 = 0; j0 < n; j0 += kColTile) {
     __syncthreads();  // the previous tile (or the caller) is done with the work region
-    for (int w = threadIdx.x; w < kColTile * kWordsPerRow; w += kThreads) {
-      const int jj = w / kWordsPerRow, c = w % kWordsPerRow;
-      const uint4 v = j0 + jj < n ? reinterpret_cast<const uint4*>(m)[static_cast<int64_t>(j0 + jj) * kWordsPerRow + c]
-                                  : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int w = threadIdx.x + i * kThreads, jj = w / kWordsPerRow, c = w % kWordsPerRow;
       uint32_t* dst = tile + jj * (kPitch / 2) + 4 * c;
-      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+      dst[0] = next[i].x, dst[1] = next[i].y, dst[2] = next[i].z, dst[3] = next[i].w;
     }
     __syncthreads();
+    if (j0 + kColTile < n) fetch(j0 + kColTile);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint32_t* c0 = tile + col * (kPitch / 2);
     const float* a0 = a + row0;  // the warp's four rows of column d: a0[d * 16 .. + 3]
@@ -109,21 +122,41 @@ __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_p
   float acc[kPerThread];
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) acc[i] = 0.0f;
+  // The next tile's loads are issued before this tile's FMAs, so their latency hides under them.
+  constexpr int kMLoads = kSumTile * D / 2 / kThreads;  // 32-bit words of m a thread moves
+  constexpr int kWLoads = kRows * kSumTile / kThreads;  // weights a thread moves
+  static_assert(kMLoads * kThreads == kSumTile * D / 2 && kWLoads * kThreads == kRows * kSumTile,
+                "whole tiles per thread");
+  uint32_t next_m[kMLoads];
+  uint16_t next_w[kWLoads];
+  auto fetch = [&](int j0) {
+#pragma unroll
+    for (int i = 0; i < kMLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, jj = e / (D / 2), c = e % (D / 2);
+      next_m[i] = j0 + jj < n ? reinterpret_cast<const uint32_t*>(m)[static_cast<int64_t>(j0 + jj) * (D / 2) + c] : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, r = e / kSumTile, jj = e % kSumTile;
+      next_w[i] = r < rows && j0 + jj < n ? w[r * w_pitch + j0 + jj] : uint16_t{0};
+    }
+  };
+  fetch(0);
   for (int j0 = 0; j0 < n; j0 += kSumTile) {
     __syncthreads();
-    for (int e = threadIdx.x; e < kSumTile * D / 2; e += kThreads) {
-      const int jj = e / (D / 2), c = e % (D / 2);
-      const uint32_t v = j0 + jj < n
-                             ? reinterpret_cast<const uint32_t*>(m)[static_cast<int64_t>(j0 + jj) * (D / 2) + c]
-                             : 0u;
-      mt[jj * D + 2 * c] = lo<T>(v);
-      mt[jj * D + 2 * c + 1] = hi<T>(v);
+#pragma unroll
+    for (int i = 0; i < kMLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, jj = e / (D / 2), c = e % (D / 2);
+      mt[jj * D + 2 * c] = lo<T>(next_m[i]);
+      mt[jj * D + 2 * c + 1] = hi<T>(next_m[i]);
     }
-    for (int e = threadIdx.x; e < kRows * kSumTile; e += kThreads) {
-      const int r = e / kSumTile, jj = e % kSumTile;  // coalesced along the weights' rows
-      wt[jj * kRows + r] = r < rows && j0 + jj < n ? Elem<T>::value(w[r * w_pitch + j0 + jj]) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, r = e / kSumTile, jj = e % kSumTile;
+      wt[jj * kRows + r] = Elem<T>::value(next_w[i]);  // 0 bits (+0) outside the tile
     }
     __syncthreads();
+    if (j0 + kSumTile < n) fetch(j0 + kSumTile);
     const int count = min(kSumTile, n - j0);
     for (int jj = 0; jj < count; ++jj) {
       const float mv = mt[jj * D + d];

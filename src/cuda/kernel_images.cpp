@@ -153,7 +153,9 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
       fail(FVA_ERR_INTERNAL, "kernel {} is missing from the {} image: {}", name, family,
            error_text(a, res));
   }
-  if (smem_bytes > 48 * 1024) {
+  // A kernel's static and dynamic shared memory together above 48 KiB need the opt-in, and the
+  // static part is not known here: any dynamic request sets the kernel's limit to it.
+  if (smem_bytes > 0) {
     CUdevice dev = 0;
     CUresult res = a.cuDeviceGet(&dev, device.ordinal);
     if (res == CUDA_SUCCESS)
