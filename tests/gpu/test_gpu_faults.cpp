@@ -9,11 +9,13 @@
 //
 // Without a usable GPU the program prints why and exits 77 (CTest: skipped).
 #include <cuda.h>
+#include <dlfcn.h>
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "gpu/gpu_fixtures.h"
@@ -22,11 +24,49 @@ using namespace fvt;
 
 namespace {
 
+// The driver calls this test makes itself (a second context and its stream), bound with dlopen
+// like the library binds its own, so the program loads and skips where there is no driver. The
+// versioned names are the driver's ABI (cuda.h maps the plain names onto them).
+struct Driver {
+  CUresult (*ctx_create)(CUcontext*, unsigned, CUdevice) = nullptr;  // cuCtxCreate_v2
+  CUresult (*ctx_destroy)(CUcontext) = nullptr;                     // cuCtxDestroy_v2
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*ctx_get_device)(CUdevice*) = nullptr;
+  CUresult (*stream_create)(CUstream*, unsigned) = nullptr;
+  CUresult (*stream_destroy)(CUstream) = nullptr;  // cuStreamDestroy_v2
+  CUresult (*stream_synchronize)(CUstream) = nullptr;
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver x;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    REQUIRE_MESSAGE(lib != nullptr, "libcuda.so.1: " << dlerror());
+    auto bind = [lib](auto*& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      REQUIRE_MESSAGE(reinterpret_cast<void*>(fn) != nullptr, "libcuda.so.1 lacks " << name);
+    };
+    bind(x.ctx_create, "cuCtxCreate_v2");
+    bind(x.ctx_destroy, "cuCtxDestroy_v2");
+    bind(x.ctx_get_current, "cuCtxGetCurrent");
+    bind(x.ctx_set_current, "cuCtxSetCurrent");
+    bind(x.ctx_get_device, "cuCtxGetDevice");
+    bind(x.stream_create, "cuStreamCreate");
+    bind(x.stream_destroy, "cuStreamDestroy_v2");
+    bind(x.stream_synchronize, "cuStreamSynchronize");
+    bind(x.get_error_string, "cuGetErrorString");
+    return x;
+  }();
+  return d;
+}
+
 #define CU_OK(call)                                                                   \
   do {                                                                                \
     const CUresult r_ = (call);                                                       \
     const char* s_ = nullptr;                                                         \
-    cuGetErrorString(r_, &s_);                                                        \
+    driver().get_error_string(r_, &s_);                                               \
     REQUIRE_MESSAGE(r_ == CUDA_SUCCESS, #call << " -> " << (s_ ? s_ : "?"));          \
   } while (0)
 
@@ -133,18 +173,19 @@ TEST_CASE("a stream of another CUDA context is refused before any work") {
   const size_t need = qat_workspace(h.h, p, d);
   DeviceBuffer ws(need);
 
+  const Driver& cu = driver();
   CUcontext primary = nullptr;
-  CU_OK(cuCtxGetCurrent(&primary));
+  CU_OK(cu.ctx_get_current(&primary));
   REQUIRE(primary != nullptr);
   CUdevice dev = 0;
-  CU_OK(cuCtxGetDevice(&dev));
+  CU_OK(cu.ctx_get_device(&dev));
   CUcontext other = nullptr;
-  CU_OK(cuCtxCreate(&other, nullptr, 0, dev));  // current on this thread now
+  CU_OK(cu.ctx_create(&other, 0, dev));  // current on this thread now
   CUstream other_stream = nullptr;
-  CU_OK(cuStreamCreate(&other_stream, CU_STREAM_NON_BLOCKING));
-  CU_OK(cuCtxSetCurrent(primary));
+  CU_OK(cu.stream_create(&other_stream, CU_STREAM_NON_BLOCKING));
+  CU_OK(cu.ctx_set_current(primary));
   CUstream primary_stream = nullptr;
-  CU_OK(cuStreamCreate(&primary_stream, CU_STREAM_NON_BLOCKING));
+  CU_OK(cu.stream_create(&primary_stream, CU_STREAM_NON_BLOCKING));
 
   SUBCASE("the stream is another context's") {
     const fva_status_t st = fva_qat_forward(h.h, &p.cfg, d.q.t(), d.k.t(), d.v.t(), d.o.t(), nullptr, d.lse.t(),
@@ -154,10 +195,10 @@ TEST_CASE("a stream of another CUDA context is refused before any work") {
     CHECK(d.outputs_untouched(p));
   }
   SUBCASE("the calling thread's current context is another one than the stream's") {
-    CU_OK(cuCtxSetCurrent(other));
+    CU_OK(cu.ctx_set_current(other));
     const fva_status_t st = fva_qat_forward(h.h, &p.cfg, d.q.t(), d.k.t(), d.v.t(), d.o.t(), nullptr, d.lse.t(),
                                             ws.data(), need, primary_stream);
-    CU_OK(cuCtxSetCurrent(primary));
+    CU_OK(cu.ctx_set_current(primary));
     CHECK(st == FVA_ERR_INVALID_ARGUMENT);
     CHECK(message_has("stream:"));
     CHECK(d.outputs_untouched(p));
@@ -165,15 +206,15 @@ TEST_CASE("a stream of another CUDA context is refused before any work") {
   SUBCASE("a stream of the current context runs") {
     CHECK(fva_qat_forward(h.h, &p.cfg, d.q.t(), d.k.t(), d.v.t(), d.o.t(), nullptr, d.lse.t(), ws.data(), need,
                           primary_stream) == FVA_OK);
-    CU_OK(cuStreamSynchronize(primary_stream));
+    CU_OK(cu.stream_synchronize(primary_stream));
     CHECK(!d.outputs_untouched(p));
   }
-  CU_OK(cuStreamDestroy(primary_stream));
-  CU_OK(cuCtxSetCurrent(other));
-  CU_OK(cuStreamDestroy(other_stream));
-  CU_OK(cuCtxSetCurrent(primary));
-  CU_OK(cuCtxDestroy(other));
-  CU_OK(cuCtxSetCurrent(primary));
+  CU_OK(cu.stream_destroy(primary_stream));
+  CU_OK(cu.ctx_set_current(other));
+  CU_OK(cu.stream_destroy(other_stream));
+  CU_OK(cu.ctx_set_current(primary));
+  CU_OK(cu.ctx_destroy(other));
+  CU_OK(cu.ctx_set_current(primary));
 }
 
 TEST_CASE("a CUDA handle destroyed on another thread is refused, outputs untouched") {
