@@ -13,7 +13,7 @@
 #   soak       `fvattn soak --minutes ${SOAK_MINUTES:-5}` (shortened to what is left of FIRE_BUDGET,
 #              default 570 s, so that the call ends within 10 minutes);
 # each step under its own `timeout`, a PASS/FAIL line per step as it ends, the summary table last.
-# FIRE_STEPS (default "build faults replay memcheck racecheck soak") picks steps. Writes
+# FIRE_STEPS (default "build faults faults-freed replay memcheck racecheck soak") picks steps. Writes
 # $OUT/fire-check.log (every step's output) and $OUT/soak.txt.
 #   OUT=/tmp/out SOAK_MINUTES=5 tools/device/fire_check.sh
 set -uo pipefail
@@ -28,7 +28,7 @@ inputs=(tests/fuzz/corpus "${extra[@]}")
 log=$OUT/fire-check.log
 : > "$log"
 rows=()
-want() { [[ " ${FIRE_STEPS:-build faults replay memcheck racecheck soak} " == *" $1 "* ]]; }
+want() { [[ " ${FIRE_STEPS:-build faults faults-freed replay memcheck racecheck soak} " == *" $1 "* ]]; }
 step() {  # step NAME LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
   want "$name" || return 0
