@@ -6,6 +6,7 @@
 #include <new>
 
 #include "checks.h"
+#include "core/handle_registry.h"
 #include "core/image_choice.h"
 #include "cuda/kernel_images.h"
 #include "error.h"
@@ -15,6 +16,10 @@ namespace fva {
 
 const fva_handle& checked_handle(fva_handle_t h) {
   if (h == nullptr) fail(FVA_ERR_INVALID_ARGUMENT, "h: is NULL (create a handle with fva_create)");
+  if (!is_live_handle(h))
+    fail(FVA_ERR_INVALID_ARGUMENT,
+         "h: {} is not a live handle (fva_destroy destroyed it, or fva_create never returned it)",
+         static_cast<const void*>(h));
   return *h;
 }
 
@@ -84,11 +89,19 @@ fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts) {
         init_cpu(*h);  // AUTO on a machine without a driver or device
       }
     }
+    register_handle(h.get());
     *out = h.release();
   });
 }
 
 fva_status_t fva_destroy(fva_handle_t handle) {
+  if (handle == nullptr) return FVA_OK;
+  if (!fva::unregister_handle(handle))
+    return fva::set_last_error(
+        FVA_ERR_INVALID_ARGUMENT,
+        fmt::format("handle: {} is not a live handle (already destroyed, or never created by "
+                    "fva_create); nothing was destroyed",
+                    static_cast<const void*>(handle)));
   delete handle;
   return FVA_OK;
 }

@@ -2,6 +2,7 @@
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/stream_check.h"
 #include "error.h"
 #include "handle.h"
 
@@ -101,6 +102,7 @@ fva_status_t fva_qat_forward(fva_handle_t h, const fva_qat_config_t* cfg, const 
     require_backend_support(handle, "fva_qat_forward");
     check_workspace(ws, ws_bytes, forward_workspace(handle, p), "fva_qat_forward_workspace_size");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::qat_forward(handle, p, *q, *k, *v, *o, o_hp, *lse, ws, stream);
       return;
     }
@@ -143,6 +145,7 @@ fva_status_t fva_qat_backward(fva_handle_t h, const fva_qat_config_t* cfg, const
     require_backend_support(handle, "fva_qat_backward");
     check_workspace(ws, ws_bytes, backward_workspace(handle, p), "fva_qat_backward_workspace_size");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::qat_backward(handle, p, *q, *k, *v, *o_for_bwd, *lse, *dout, *dq, *dk, *dv, ws, stream);
       return;
     }
@@ -182,6 +185,7 @@ fva_status_t fva_nvfp4_fake_quantize(fva_handle_t h, const fva_nvfp4_config_t* c
     p.scale_mode = c.scale_mode;
     p.tile_tokens = c.tile_tokens;
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::nvfp4_fake_quantize(handle, p, *x, *y, stream);
       return;
     }

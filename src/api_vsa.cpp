@@ -2,6 +2,7 @@
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/stream_check.h"
 #include "error.h"
 #include "handle.h"
 
@@ -132,6 +133,7 @@ fva_status_t fva_vsa_forward(fva_handle_t h, const fva_vsa_config_t* cfg, const 
     require_backend_support(handle, "fva_vsa_forward");
     check_workspace(ws, ws_bytes, forward_workspace(handle, p), "fva_vsa_forward_workspace_size");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::vsa_forward(handle, p, *q, *k, *v, *q2k_idx, *q2k_num, *block_sizes, *o, *lse, ws, stream);
       return;
     }
@@ -178,6 +180,7 @@ fva_status_t fva_vsa_backward(fva_handle_t h, const fva_vsa_config_t* cfg, const
     require_backend_support(handle, "fva_vsa_backward");
     check_workspace(ws, ws_bytes, backward_workspace(handle, p), "fva_vsa_backward_workspace_size");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::vsa_backward(handle, p, *q, *k, *v, *o, *lse, *dout, *q2k_idx, *q2k_num, *block_sizes,
                          *dq, *dk, *dv, ws, stream);
       return;
@@ -217,6 +220,7 @@ fva_status_t fva_vsa_invert_indices(fva_handle_t h, const fva_tensor_t* q2k_idx,
     check_workspace(ws, ws_bytes, invert_workspace(handle, p),
                     "fva_vsa_invert_indices_workspace_size");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::vsa_invert_indices(handle, p, *q2k_idx, *q2k_num, *k2q_idx, *k2q_num, ws, stream);
       return;
     }

@@ -2,6 +2,7 @@
 #include "checks.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/stream_check.h"
 #include "error.h"
 #include "handle.h"
 
@@ -198,6 +199,7 @@ fva_status_t fva_vsa_layer_forward(fva_handle_t h, const fva_vsa_layer_config_t*
                       {"reserve", res.data ? &res : nullptr, true}});
     check_workspace(ws, ws_bytes, need.workspace, "fva_vsa_layer_sizes");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::vsa_layer_forward(handle, p, *q, *k, *v, gate, *q_block_sizes, *kv_block_sizes, *out,
                               q2k_idx, q2k_num, reserve, ws, stream);
       return;
@@ -245,6 +247,7 @@ fva_status_t fva_vsa_layer_backward(fva_handle_t h, const fva_vsa_layer_config_t
                       {"dv", dv, true}, {"dgate", dgate, true}});
     check_workspace(ws, ws_bytes, need.workspace, "fva_vsa_layer_sizes");
     if (handle.backend == FVA_BACKEND_CUDA) {
+      cuda::check_launch_context(handle.device, stream);
       cuda::vsa_layer_backward(handle, p, *q, *k, *v, gate, *q_block_sizes, *kv_block_sizes, *dout,
                                reserve, *dq, *dk, *dv, dgate, ws, stream);
       return;

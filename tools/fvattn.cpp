@@ -5,6 +5,8 @@
 //                 independent float64 reference (tools/reference64), timed, printed as a table; on the
 //                 GPU when there is one (tools/demo_gpu.cpp), else on the CPU reference backend
 //   fvattn bench  GPU TFLOPS over shapes, with PyTorch SDPA alongside (tools/bench.cpp)
+//   fvattn soak   random calls of every op for N minutes from several threads on one CUDA handle,
+//                 a sample checked against the CPU backend (tools/soak.cpp)
 // It uses only the public C API, like any client; CLI11 parses its arguments (every command answers
 // --help) and nlohmann-json writes bench's JSON.
 #include <CLI/CLI.hpp>
@@ -27,6 +29,7 @@
 #include "bench_options.h"
 #include "demo_checks.h"
 #include "reference64.h"
+#include "soak_options.h"
 #include "tensor_desc.h"
 #if FVATTN_TOOLS_GPU
 #include "commands.h"
@@ -630,11 +633,43 @@ int cmd_bench(fvtool::BenchOptions& o, const fvtool::BenchParse& p) {
 #endif
 }
 
+// `fvattn soak`: parsed in every build; it runs only on a GPU.
+int cmd_soak_on_gpu(const fvtool::SoakOptions& o) {
+  std::string why;
+  fva_handle_t h = probe_gpu(&why);
+  if (h == nullptr) {
+    fmt::print(stderr,
+               "fvattn soak: no GPU found ({}).\nsoak runs the CUDA kernels and needs an NVIDIA GPU with "
+               "its driver.\n",
+               why);
+    return 1;
+  }
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  check(fva_get_info(h, &info), "fva_get_info");
+  fva_destroy(h);
+#if FVATTN_TOOLS_GPU
+  if (std::strcmp(info.image, "none") == 0) {
+    fmt::print(stderr, "fvattn soak: GPU {} (sm_{}{}) found, but this build has no kernel image for it.\n",
+               info.device_name, info.sm_major, info.sm_minor);
+    return 1;
+  }
+  return fvtool::cmd_soak(o);
+#else
+  (void)o;
+  fmt::print(stderr,
+             "fvattn soak: GPU {} found, but this fvattn was built without CUDA (FVATTN_CUDA=OFF); "
+             "rebuild with -DFVATTN_CUDA=ON to run soak.\n",
+             info.device_name);
+  return 1;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fvattn: QAT and VSA video attention (libfvattn): what it runs on, a checked demo, "
-               "GPU benchmarks",
+               "GPU benchmarks and a soak",
                "fvattn"};
   app.require_subcommand(0, 1);
   app.footer("Run 'fvattn <command> --help' for a command's options.");
@@ -650,6 +685,10 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "GPU TFLOPS of QAT and VSA forward/backward over shapes, PyTorch SDPA alongside");
   fvtool::add_bench_options(*bench, bench_opts, bench_parse);
+  fvtool::SoakOptions soak_opts;
+  CLI::App* soak = app.add_subcommand(
+      "soak", "random calls of every op from several threads on one GPU handle, checked, for N minutes");
+  fvtool::add_soak_options(*soak, soak_opts);
   CLI::App* version = app.add_subcommand("version", "print the library version (MAJOR.MINOR.PATCH)");
   version->footer("Takes no options.");
 
@@ -662,9 +701,10 @@ int main(int argc, char** argv) {
     fmt::print("{}", app.help());
     return 0;
   }
-  const bool known = first == "info" || first == "demo" || first == "bench" || first == "version";
+  const bool known =
+      first == "info" || first == "demo" || first == "bench" || first == "soak" || first == "version";
   if (first.empty() || (first[0] != '-' && !known)) {
-    fmt::print(stderr, "fvattn: unknown command '{}'; the commands are info, demo, bench and version.\n"
+    fmt::print(stderr, "fvattn: unknown command '{}'; the commands are info, demo, bench, soak and version.\n"
                "Run 'fvattn --help' for what each does.\n", first);
     return 2;
   }
@@ -684,6 +724,7 @@ int main(int argc, char** argv) {
   if (info->parsed()) return cmd_info();
   if (demo->parsed()) return cmd_demo(demo_opts);
   if (bench->parsed()) return cmd_bench(bench_opts, bench_parse);
+  if (soak->parsed()) return cmd_soak_on_gpu(soak_opts);
   if (version->parsed()) {
     const int32_t v = fva_version();
     fmt::print("{}.{}.{}\n", v / 10000, v / 100 % 100, v % 100);

@@ -21,7 +21,15 @@
  *   - Data pointers are device pointers for a CUDA handle and host pointers for a CPU handle; so is
  *     the workspace pointer.
  *   - The stream is a cudaStream_t / CUstream passed as void* (NULL: the legacy default stream); the
- *     CPU backend ignores it and runs synchronously. No call synchronizes the device. A call's
+ *     CPU backend ignores it and runs synchronously. No call synchronizes the device. A CUDA call
+ *     launches in the calling thread's current context (the device's primary context when the
+ *     thread has none); a current context of another device than the handle's, or a stream of
+ *     another context, is refused with FVA_ERR_INVALID_ARGUMENT before any work.
+ *   - Device pointers are not checked against allocations (no call could, without a sync): a
+ *     freed or foreign pointer makes a kernel fault asynchronously. The call itself returns
+ *     FVA_OK; the fault surfaces as the CUDA error of the caller's next synchronization, and as
+ *     FVA_ERR_CUDA from every later fvattn call on that context (the driver's errors of that kind
+ *     are sticky), never as a crash of the host process inside the library. A call's
  *     first kernel waits for the stream's earlier work as usual; on sm_90 and later devices with a
  *     CUDA 12.3+ driver its later kernels are programmatic dependent launches, each waiting for
  *     the one before it inside the call (the handle option chained_launches turns that off).
@@ -189,7 +197,12 @@ typedef struct fva_handle_options {
  * default malformed: the message names it); FVA_ERR_NO_DEVICE (CUDA asked for, but libcuda.so.1 cannot be loaded, cuInit fails or the
  * device does not exist); FVA_ERR_CUDA; FVA_ERR_OUT_OF_MEMORY. On failure *out is set to NULL. */
 FVA_API fva_status_t fva_create(fva_handle_t* out, const fva_handle_options_t* opts);
-/* Destroys a handle; NULL is a no-op. Returns FVA_OK. */
+/* Destroys a handle; NULL is a no-op. Returns FVA_OK, or FVA_ERR_INVALID_ARGUMENT (and frees
+ * nothing) for a pointer that is not a live handle: one already destroyed, or never returned by
+ * fva_create. After fva_destroy returns, every call with the handle, from any thread, fails with
+ * FVA_ERR_INVALID_ARGUMENT ("h: ... is not a live handle") and writes nothing; until a later
+ * fva_create happens to reuse its address, which then names the new handle. Destroying a handle
+ * while another thread's call on it is still running is the caller's error (undefined). */
 FVA_API fva_status_t fva_destroy(fva_handle_t handle);
 
 typedef struct fva_handle_info {

@@ -71,6 +71,7 @@ Driver load() {
   (void)bind(lib, "cuLaunchKernelEx", &a.cuLaunchKernelEx, &optional_missing);
   (void)bind(lib, "cuOccupancyMaxActiveClusters", &a.cuOccupancyMaxActiveClusters,
              &optional_missing);
+  (void)bind(lib, "cuStreamGetCtx", &a.cuStreamGetCtx, &optional_missing);
   const CUresult r = a.cuInit(0);
   if (r != CUDA_SUCCESS) {
     d.why = fmt::format("cuInit failed: {}", error_text(a, r));

@@ -85,6 +85,9 @@ struct Api {
   CUresult (*cuTensorMapEncodeTiled)(void*, int, unsigned, void*, const unsigned long long*,
                                      const unsigned long long*, const unsigned*, const unsigned*,
                                      int, int, int, int) = nullptr;
+  // The context a stream belongs to (stream_check.h). Optional: without it the stream's context
+  // is not checked.
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
 };
 
 // The bound entry points, or null when the driver is unavailable (see driver_available).

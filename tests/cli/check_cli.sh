@@ -33,7 +33,7 @@ expect_not_in() {
   if grep -Eq -- "$2" "$1"; then fail "$3: '$2' should not appear"; fi
 }
 
-for cmd in info demo bench version; do
+for cmd in info demo bench soak version; do
   for h in --help -h; do
     run "$cmd-help" "$cmd" $h
     expect_rc "$cmd-help" 0 "fvattn $cmd $h"
@@ -54,10 +54,13 @@ for o in --seq --batch --heads --dim --iters --warmup --density --json --no-sdpa
   expect_in "$out/bench-help.out" "$o( |$)" "bench --help lists $o"
 done
 expect_not_in "$out/bench-help.out" "issue 5" "bench --help speaks of an issue"
+for o in --minutes --threads --seed --check-every --max-seq; do
+  expect_in "$out/soak-help.out" "$o( |$)" "soak --help lists $o"
+done
 
 run top-help --help
 expect_rc top-help 0 "fvattn --help"
-for cmd in info demo bench version; do expect_in "$out/top-help.out" "^ +$cmd " "fvattn --help lists $cmd"; done
+for cmd in info demo bench soak version; do expect_in "$out/top-help.out" "^ +$cmd " "fvattn --help lists $cmd"; done
 run none
 expect_rc none 2 "fvattn without a command"
 run unknown frobnicate

@@ -59,20 +59,6 @@ std::vector<double> normal_values(int64_t n, double stddev = 1.0) {
 // A device workspace of exactly the queried size, poisoned.
 DeviceBuffer device_workspace(size_t bytes) { return DeviceBuffer(bytes, 0xFF); }
 
-// rel L2 with the reference's norm floored at 1e-3 per element (rms): where the reference is
-// exactly 0 (one key: P = 1 and dS = dP - Delta cancels to 0 on the CPU, to ~1e-7 on the GPU, whose
-// Delta sums in another order), a relative error means nothing.
-double rel_l2_floored(const std::vector<double>& g, const std::vector<double>& r) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    num += (g[i] - r[i]) * (g[i] - r[i]);
-    den += r[i] * r[i];
-  }
-  if (has_nan(g)) return std::nan("");
-  den = std::max(den, 1e-6 * static_cast<double>(r.size()));
-  return std::sqrt(num / den);
-}
-
 void check_close(const std::string& what, const HostTensor& got, const HostTensor& ref, double tol) {
   const std::vector<double> g = got.values(), r = ref.values();
   const double e = rel_l2_floored(g, r);

@@ -51,19 +51,6 @@ std::mt19937_64& rng() {
 }
 int64_t uniform(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng()); }
 
-// rel L2 with the reference's norm floored at 1e-3 rms per element (a reference of exact zeros,
-// e.g. dgate where out_c is 0, makes a relative error meaningless), NaN failing.
-double rel_l2_floored(const std::vector<double>& g, const std::vector<double>& r) {
-  if (has_nan(g)) return std::nan("");
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    num += (g[i] - r[i]) * (g[i] - r[i]);
-    den += r[i] * r[i];
-  }
-  den = std::max(den, 1e-6 * static_cast<double>(r.size()));
-  return std::sqrt(num / den);
-}
-
 void check_close(const std::string& what, const std::vector<double>& got, const std::vector<double>& ref,
                  double tol = kTol) {
   REQUIRE(got.size() == ref.size());

@@ -256,6 +256,18 @@ double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
   return std::sqrt(num / den);
 }
 
+double rel_l2_floored(const std::vector<double>& got, const std::vector<double>& ref) {
+  if (got.size() != ref.size()) throw std::invalid_argument("rel_l2_floored: sizes differ");
+  if (has_nan(got)) return std::numeric_limits<double>::quiet_NaN();
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  den = std::max(den, 1e-6 * static_cast<double>(ref.size()));
+  return std::sqrt(num / den);
+}
+
 bool has_nan(const std::vector<double>& a) { return count_nan(a) > 0; }
 
 int64_t count_nan(const std::vector<double>& a) {

@@ -101,6 +101,11 @@ double dtype_step(int32_t dtype, double x);
 // ||a - b|| / ||b||. If ||b|| is 0 it is 0 when a is all zeros and +inf otherwise; NaN anywhere
 // makes it NaN (so a `<= tol` check fails).
 double rel_l2(const std::vector<double>& a, const std::vector<double>& b);
+// rel_l2(got, ref) with ||ref||² floored at 1e-6 per element (1e-3 rms): where the reference is
+// exactly 0 (one key: P = 1 and dS cancels to 0 on the CPU, to ~1e-7 on the GPU; dgate where out_c
+// is 0), a relative error means nothing. NaN in got makes it NaN (a `<= tol` check fails). The GPU
+// suites and the fuzz replay compare the CUDA backend against the CPU backend with it.
+double rel_l2_floored(const std::vector<double>& got, const std::vector<double>& ref);
 bool has_nan(const std::vector<double>& a);
 int64_t count_nan(const std::vector<double>& a);
 
