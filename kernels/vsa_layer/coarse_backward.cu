@@ -5,6 +5,7 @@
 //   dmm = dtype(dscores * scale);  dq_c = dtype(dmm k_c);
 //   dv_c = dtype(attnᵀ dout_c),  dk_c = dtype(dmmᵀ q_c), each summed over the kv head's q heads (GQA)
 //   in fp32 before its one rounding.
+// The products run on tensor cores (vsa_layer/coarse_tiles.cuh), fp32 accumulation.
 // What they write is the block means' backward of those: each block's term dtype(dx_c / size) (-0
 // for a block of size 0, which passes the fine gradient unchanged), which the fine branch's
 // backward adds to every row of the block as it writes dq, dk and dv (kern::BlockTerms).
@@ -28,8 +29,8 @@ __device__ __forceinline__ float mean_term(float g, int n) {
 template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;  // every warp of the block decides alike
-  __shared__ __align__(16) float a[kRows * D];
-  __shared__ __align__(16) float work[TileSmem<D>::kWorkFloats];
+  __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
+  __shared__ __align__(16) uint16_t work[TileSmem<D>::kWorkBytes / 2];
   extern __shared__ __align__(16) uint16_t tile_rows[];  // [16][nkv] when p.rows_in_smem
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
@@ -41,7 +42,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   const int nkv = p.nkv;
   const TileRows dmm(tile_rows, static_cast<uint16_t*>(p.dmm) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
-  load_rows<T, D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, a);
+  load_rows<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, a);
   rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, nkv, work,
                         [&](int r, int j, float s) { dmm.row(r)[j] = Elem<T>::bits(s); });
   // The softmax's backward, a warp per row: rowsum(attn ⊙ dattn), then dmm over dattn.
@@ -69,18 +70,19 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
                           });
 }
 
-// The terms of dv_c and dk_c of 16 kv blocks: for each q head of the group and each tile of 32 q
-// blocks, the weights attn and dmm of the tile's [32 x 16] window and the rows of dout_c and q_c,
-// then thread t adds column t % D of its 16 D / 512 kv blocks' sums, (q head, q block) ascending.
+// The terms of dv_c and dk_c of 16 kv blocks (one m16 row block of attnᵀ and dmmᵀ): for each q
+// head of the group and each tile of 32 q blocks (two k16 steps), the rows of dout_c and q_c and the
+// window of attn and dmm at the block's 16 kv columns are staged, then warp w < D / 8 adds its n8
+// block of columns 8w .. 8w + 7 of both sums with two MMAs per k16 step. The next step's loads are
+// issued before this step's MMAs.
 template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;
-  constexpr int kGroups = kThreads / D;
-  constexpr int kPerThread = kRows / kGroups;
-  __shared__ float xo[kSumTile * D];  // dout_c rows
-  __shared__ float xq[kSumTile * D];  // q_c rows
-  __shared__ __align__(16) float wa[kSumTile * kRows];  // attn window, [q block][kv block]
-  __shared__ __align__(16) float wd[kSumTile * kRows];  // dmm window
+  constexpr int kP = TileSmem<D>::kPitch;
+  __shared__ __align__(16) uint16_t xo[kSumTile * kP];  // dout_c rows
+  __shared__ __align__(16) uint16_t xq[kSumTile * kP];  // q_c rows
+  __shared__ __align__(16) uint16_t wa[kSumTile * kRows];  // attn window, [q block][kv block]
+  __shared__ __align__(16) uint16_t wd[kSumTile * kRows];  // dmm window
   const int bhk = blockIdx.y;
   const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int group = p.Hq / p.Hkv;
@@ -88,87 +90,75 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   const int cols = min(kRows, p.nkv - j0);
   if (cols <= 0) return;
   const int nq = p.nq, nkv = p.nkv;
-  const int d = threadIdx.x % D, g = threadIdx.x / D;
-  float acc_v[kPerThread], acc_k[kPerThread];
-#pragma unroll
-  for (int m = 0; m < kPerThread; ++m) acc_v[m] = acc_k[m] = 0.0f;
-  // The (q head, tile of 32 q blocks) steps in order; the next step's loads are issued before this
-  // step's FMAs, so their latency hides under them.
-  constexpr int kXLoads = kSumTile * D / 2 / kThreads;  // 32-bit words of dout_c (and of q_c)
-  constexpr int kWLoads = kSumTile * kRows / kThreads;  // weights of attn (and of dmm)
-  static_assert(kXLoads * kThreads == kSumTile * D / 2 && kWLoads * kThreads == kSumTile * kRows,
-                "whole tiles per thread");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const bool owns = warp < D / 8;
   const int tiles_per_head = (nq + kSumTile - 1) / kSumTile;
   const int steps = group * tiles_per_head;
-  uint32_t next_o[kXLoads], next_q[kXLoads];
-  uint16_t next_a[kWLoads], next_d[kWLoads];
+  StagedRows<D, kSumTile> next_o, next_q;
+  static_assert(kSumTile * kRows <= kThreads, "a window element per thread");
+  uint16_t next_a = 0, next_d = 0;
   auto fetch = [&](int step_index) {
     const int hq = hk * group + step_index / tiles_per_head;
     const int i0 = (step_index % tiles_per_head) * kSumTile;
     const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
-    const uint32_t* dout_c = static_cast<const uint32_t*>(p.dout_c) + q_row0 * (D / 2);
-    const uint32_t* q_c = static_cast<const uint32_t*>(p.q_c) + q_row0 * (D / 2);
-#pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, ii = e / (D / 2), c = e % (D / 2);
-      const bool in = i0 + ii < nq;
-      const int64_t at = static_cast<int64_t>(i0 + ii) * (D / 2) + c;
-      next_o[i] = in ? dout_c[at] : 0u;
-      next_q[i] = in ? q_c[at] : 0u;
-    }
-    const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv + j0;
-    const uint16_t* dmm = static_cast<const uint16_t*>(p.dmm) + q_row0 * nkv + j0;
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, ii = e / kRows, jj = e % kRows;
+    next_o.fetch(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0);
+    next_q.fetch(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0);
+    if (threadIdx.x < kSumTile * kRows) {
+      const int ii = threadIdx.x / kRows, jj = threadIdx.x % kRows;
       const bool in = i0 + ii < nq && jj < cols;
-      const int64_t at = static_cast<int64_t>(i0 + ii) * nkv + jj;
-      next_a[i] = in ? attn[at] : uint16_t{0};
-      next_d[i] = in ? dmm[at] : uint16_t{0};
+      const int64_t at = (q_row0 + i0 + ii) * nkv + j0 + jj;
+      next_a = in ? static_cast<const uint16_t*>(p.attn)[at] : uint16_t{0};
+      next_d = in ? static_cast<const uint16_t*>(p.dmm)[at] : uint16_t{0};
     }
   };
+  float acc_v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_k[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   fetch(0);
   for (int st = 0; st < steps; ++st) {
-    const int i0 = (st % tiles_per_head) * kSumTile;
-    __syncthreads();  // the previous step's tile is consumed
-#pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, ii = e / (D / 2), c = e % (D / 2);
-      xo[ii * D + 2 * c] = lo<T>(next_o[i]);
-      xo[ii * D + 2 * c + 1] = hi<T>(next_o[i]);
-      xq[ii * D + 2 * c] = lo<T>(next_q[i]);
-      xq[ii * D + 2 * c + 1] = hi<T>(next_q[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads;
-      wa[e] = Elem<T>::value(next_a[i]);  // 0 bits (+0) outside the window
-      wd[e] = Elem<T>::value(next_d[i]);
+    __syncthreads();  // the previous step's tiles are consumed
+    next_o.put(xo);
+    next_q.put(xq);
+    if (threadIdx.x < kSumTile * kRows) {
+      wa[threadIdx.x] = next_a;
+      wd[threadIdx.x] = next_d;
     }
     __syncthreads();
     if (st + 1 < steps) fetch(st + 1);
-    const int count = min(kSumTile, nq - i0);
-    for (int ii = 0; ii < count; ++ii) {
-      const float o = xo[ii * D + d], q = xq[ii * D + d];
-      const float* ra = wa + ii * kRows + g * kPerThread;  // broadcast within the warp
-      const float* rd = wd + ii * kRows + g * kPerThread;
+    if (owns) {
 #pragma unroll
-      for (int m = 0; m < kPerThread; ++m) {
-        acc_v[m] = step(acc_v[m], ra[m], o);
-        acc_k[m] = step(acc_k[m], rd[m], q);
+      for (int ks = 0; ks < kSumTile / 16; ++ks) {
+        // A = the window transposed: row m = kv block g (+ 8), column k = q block 2t (+ 1, + 8).
+        const uint16_t* ca = wa + 16 * ks * kRows;
+        const uint16_t* cd = wd + 16 * ks * kRows;
+        auto a_frag = [&](const uint16_t* c, uint32_t (&f)[4]) {
+          f[0] = pack16(c[(2 * t) * kRows + g], c[(2 * t + 1) * kRows + g]);
+          f[1] = pack16(c[(2 * t) * kRows + g + 8], c[(2 * t + 1) * kRows + g + 8]);
+          f[2] = pack16(c[(2 * t + 8) * kRows + g], c[(2 * t + 9) * kRows + g]);
+          f[3] = pack16(c[(2 * t + 8) * kRows + g + 8], c[(2 * t + 9) * kRows + g + 8]);
+        };
+        uint32_t fa[4], fd[4];
+        a_frag(ca, fa);
+        a_frag(cd, fd);
+        // B = the staged rows: k = q block 2t (+ 1, + 8), n = column 8w + g.
+        const uint16_t* bo = xo + 16 * ks * kP + 8 * warp + g;
+        const uint16_t* bq = xq + 16 * ks * kP + 8 * warp + g;
+        mma_16816<T>(acc_v, fa, pack16(bo[(2 * t) * kP], bo[(2 * t + 1) * kP]),
+                     pack16(bo[(2 * t + 8) * kP], bo[(2 * t + 9) * kP]));
+        mma_16816<T>(acc_k, fd, pack16(bq[(2 * t) * kP], bq[(2 * t + 1) * kP]),
+                     pack16(bq[(2 * t + 8) * kP], bq[(2 * t + 9) * kP]));
       }
     }
   }
+  if (!owns) return;
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv + j0;
   uint16_t* dv_term = static_cast<uint16_t*>(p.dv_term) + kv0 * D;
   uint16_t* dk_term = static_cast<uint16_t*>(p.dk_term) + kv0 * D;
 #pragma unroll
-  for (int m = 0; m < kPerThread; ++m) {
-    const int jj = g * kPerThread + m;
+  for (int e = 0; e < 4; ++e) {
+    const int jj = g + 8 * (e >> 1), d = 8 * warp + 2 * t + (e & 1);
     if (jj < cols) {
       const int n = block_tokens(p.kv_sizes, p.kv_sizes_stride, j0 + jj);
-      dv_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_v[m], n));
-      dk_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_k[m], n));
+      dv_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_v[e], n));
+      dk_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_k[e], n));
     }
   }
 }

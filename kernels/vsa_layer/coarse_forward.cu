@@ -1,5 +1,6 @@
 // The VSA layer's coarse attention and selection (SPEC 3b steps 2-3) in one launch, a block of 512
-// threads per (b, q head, tile of 16 q blocks), with no host round trip and no sort:
+// threads per (b, q head, tile of 16 q blocks), with no host round trip and no sort (the products
+// on tensor cores, vsa_layer/coarse_tiles.cuh):
 //   1. scores[i][j] = dtype(dtype(q_c[i]·k_c[j]) * scale) for the tile's rows and every kv block,
 //      into the tile's rows (shared memory while they fit, else the reserve's attn rows);
 //   2. a warp per row: softmax over the kv blocks of nonzero size (fp32, rounded to the dtype) over
@@ -154,8 +155,8 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
 
 template <typename T, int D>
 __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
-  __shared__ __align__(16) float a[kRows * D];
-  __shared__ __align__(16) float work[TileSmem<D>::kWorkFloats];
+  __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
+  __shared__ __align__(16) uint16_t work[TileSmem<D>::kWorkBytes / 2];
   extern __shared__ __align__(16) uint16_t tile_rows[];  // [16][nkv] when p.rows_in_smem
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
@@ -166,7 +167,7 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
   const TileRows attn(tile_rows, static_cast<uint16_t*>(p.attn) + q_row0 * p.nkv, p.nkv,
                       p.rows_in_smem != 0);
-  load_rows<T, D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, a);
+  load_rows<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, a);
   const float scale = p.scale;
   rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, p.nkv, work,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });

@@ -1,183 +1,159 @@
-// The small products of the VSA layer's coarse attention, for a block of kLayerCoarseThreads (512)
-// threads, 16 warps, that owns a tile of kLayerCoarseRows (16) rows: block-vector matrices of a few
-// thousand rows at most per head, so plain fp32 FMAs from shared memory, each sum in ascending order
-// of its index (layer_common.cuh's step), as the CPU backend adds them. Sixteen warps, not four,
-// because these products are short and latency-bound: the row-wise passes give each warp one row,
-// and the products keep enough independent FMA chains in flight per SM. Every access is bounded by
-// the rows and columns that exist.
+// The products of the VSA layer's coarse attention on tensor cores (mma.sync m16n8k16, fp32
+// accumulation: every GPU since Ampere), for a block of kLayerCoarseThreads (512) threads, 16
+// warps, that owns a tile of kLayerCoarseRows (16) rows, one m16 row block: block-vector matrices
+// of a few thousand rows at most per head, whose operands are already in the dtype (block means,
+// weights, their gradients), so the tensor cores see exactly the values the CPU backend multiplies;
+// only the fp32 order of each sum differs (SPEC 3b's tie rule, section 4's tolerances). Sixteen
+// warps because the row-wise passes between the products give each warp one row of the tile. The
+// operands go through shared memory as 16-bit tiles with a pitch of D + 8 elements: 16-byte aligned
+// rows whose fragment loads fall in 32 distinct banks. Every access is bounded by the rows and
+// columns that exist; what lies past them is zero.
 #pragma once
 
 #include "vsa_layer/layer_common.cuh"
 
 namespace fva::dev::layer {
 
-constexpr int kRows = kern::kLayerCoarseRows;       // 16
+constexpr int kRows = kern::kLayerCoarseRows;       // 16: one m16 row block
 constexpr int kThreads = kern::kLayerCoarseThreads;  // 512
 constexpr int kWarps = kThreads / 32;               // 16
 static_assert(kWarps == kRows, "the row-wise passes give each warp one row of the tile");
-constexpr int kColTile = 128;  // columns of a tile of dot products
-constexpr int kSumTile = 32;   // terms of a tile of the weighted sums
+constexpr int kColTile = 8 * kWarps;  // 128 columns of a tile of dot products: an n8 block a warp
+constexpr int kSumTile = 32;          // terms of a tile of the weighted sums: two k16 steps
 
-// Shared memory of one block: the 16 rows in fp32 (RowTile), then a work region that the two
-// products and the row-wise passes' histograms take turns on.
 template <int D>
 struct TileSmem {
-  static constexpr int kColPitch = D + 2;  // 16-bit elements per column row: conflict-free words
-  static constexpr int kDotFloats = kColTile * kColPitch / 2;         // the column tile, 16-bit
-  static constexpr int kSumFloats = kSumTile * D + kRows * kSumTile;  // the matrix tile, weights
-  static constexpr int kHistFloats = kWarps * 256;                    // a histogram per warp
-  static constexpr int kMax2 = kDotFloats > kSumFloats ? kDotFloats : kSumFloats;
-  static constexpr int kWorkFloats = kMax2 > kHistFloats ? kMax2 : kHistFloats;
+  static constexpr int kPitch = D + 8;  // elements of a staged 16-bit row
+  static constexpr int kRowElems = kRows * kPitch;                 // the tile's 16 rows
+  static constexpr int kDotBytes = 2 * kColTile * kPitch;          // a column tile
+  static constexpr int kSumBytes = 2 * kSumTile * kPitch;          // a term tile
+  static constexpr int kHistBytes = 4 * kWarps * 256;              // a histogram per warp
+  static constexpr int kMax2 = kDotBytes > kSumBytes ? kDotBytes : kSumBytes;
+  static constexpr int kWorkBytes = kMax2 > kHistBytes ? kMax2 : kHistBytes;
+};
+
+// Two 16-bit values as the 32-bit word of a fragment (lo: the lower column or row).
+__device__ __forceinline__ uint32_t pack16(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+// Staging of a tile of `count` rows of a contiguous [n x D] matrix (rows first .. first + count - 1,
+// those at or past n as zeros) into shared memory at pitch D + 8, in two halves so that the loads
+// of the next tile are in flight while the current one is used: fetch() issues the global loads
+// into registers, put() writes them to shared memory.
+template <int D, int kCount>
+struct StagedRows {
+  static constexpr int kWordsPerRow = D / 8;  // 16-byte words
+  static constexpr int kTotal = kCount * kWordsPerRow;
+  static constexpr int kPerThread = (kTotal + kThreads - 1) / kThreads;
+  uint4 v[kPerThread];
+  __device__ __forceinline__ void fetch(const uint16_t* m, int n, int first) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int w = threadIdx.x + i * kThreads, r = w / kWordsPerRow, c = w % kWordsPerRow;
+      v[i] = w < kTotal && first + r < n
+                 ? reinterpret_cast<const uint4*>(m)[static_cast<int64_t>(first + r) * kWordsPerRow + c]
+                 : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  __device__ __forceinline__ void put(uint16_t* tile) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int w = threadIdx.x + i * kThreads, r = w / kWordsPerRow, c = w % kWordsPerRow;
+      if (w < kTotal) *reinterpret_cast<uint4*>(tile + r * TileSmem<D>::kPitch + 8 * c) = v[i];
+    }
+  }
 };
 
 // The tile's rows (rows <= 16 of them, the first rows of a contiguous [n x D] matrix of 16-bit
-// elements) into a[D][16] as fp32, transposed (a column's 16 rows side by side, so that a thread
-// reads four rows in one 16-byte load); rows past `rows` read as 0.
-template <typename T, int D>
-__device__ __forceinline__ void load_rows(const uint16_t* m, int rows, float* a) {
-  for (int w = threadIdx.x; w < kRows * D / 2; w += kThreads) {
-    const int r = w / (D / 2), c = w % (D / 2);
-    const uint32_t v = r < rows ? reinterpret_cast<const uint32_t*>(m)[static_cast<int64_t>(r) * (D / 2) + c] : 0u;
-    a[(2 * c) * kRows + r] = lo<T>(v);
-    a[(2 * c + 1) * kRows + r] = hi<T>(v);
-  }
+// elements) into a[16][D + 8]; rows past `rows` read as 0. The caller synchronizes before use.
+template <int D>
+__device__ __forceinline__ void load_rows(const uint16_t* m, int rows, uint16_t* a) {
+  StagedRows<D, kRows> s;
+  s.fetch(m, rows, 0);
+  s.put(a);
 }
 
-// s[r][j] = a[r]·m[j] (fp32, d ascending) for r < rows and j < n, with a the tile's rows in shared
-// memory (load_rows: transposed, 16-byte aligned) and m a contiguous [n x D] matrix: store(r, j, s)
-// for each. A tile of 128 columns stays 16-bit in shared memory (pitch D + 2, so a warp's 32
-// columns fall in 32 banks); warp w computes rows 4 (w % 4) .. + 3 against column 32 (w / 4) + lane:
-// per two d one word of the column, two broadcast loads of the rows, eight FMAs. Ends with the block
-// synchronized (the work region free again).
+// s[r][j] = a[r]·m[j] for r < rows and j < n, with a the tile's rows (load_rows) and m a contiguous
+// [n x D] matrix: store(r, j, s) for each. Warp w takes the n8 block 8w .. 8w + 7 of each 128-column
+// tile: per k16 step four words of the rows, two of the columns, one MMA. The next tile's loads are
+// issued before this tile's MMAs. Ends with the block synchronized (the work region free again).
 template <typename T, int D, typename Store>
-__device__ __forceinline__ void rows_dot_matrix(const float* a, int rows, const uint16_t* m, int n,
-                                                float* work, Store&& store) {
-  constexpr int kPitch = TileSmem<D>::kColPitch;
-  constexpr int kWordsPerRow = D / 8;  // 16-byte words of a global row
-  uint32_t* tile = reinterpret_cast<uint32_t*>(work);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row0 = 4 * (warp & 3), col = 32 * (warp >> 2) + lane;
-  // The next tile's loads are issued before this tile's FMAs, so their latency hides under them.
-  constexpr int kLoads = kColTile * kWordsPerRow / kThreads;  // 16-byte words a thread moves
-  static_assert(kColTile * kWordsPerRow % kThreads == 0, "whole tiles per thread");
-  uint4 next[kLoads];
-  auto fetch = [&](int j0) {
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int w = threadIdx.x + i * kThreads, jj = w / kWordsPerRow, c = w % kWordsPerRow;
-      next[i] = j0 + jj < n ? reinterpret_cast<const uint4*>(m)[static_cast<int64_t>(j0 + jj) * kWordsPerRow + c]
-                            : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
-  fetch(0);
+__device__ __forceinline__ void rows_dot_matrix(const uint16_t* a, int rows, const uint16_t* m, int n,
+                                                uint16_t* tile, Store&& store) {
+  constexpr int kPW = TileSmem<D>::kPitch / 2;  // 32-bit words of a staged row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const uint32_t* aw = reinterpret_cast<const uint32_t*>(a);
+  const uint32_t* tw = reinterpret_cast<const uint32_t*>(tile);
+  StagedRows<D, kColTile> next;
+  next.fetch(m, n, 0);
   for (int j0 = 0; j0 < n; j0 += kColTile) {
     __syncthreads();  // the previous tile (or the caller) is done with the work region
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int w = threadIdx.x + i * kThreads, jj = w / kWordsPerRow, c = w % kWordsPerRow;
-      uint32_t* dst = tile + jj * (kPitch / 2) + 4 * c;
-      dst[0] = next[i].x, dst[1] = next[i].y, dst[2] = next[i].z, dst[3] = next[i].w;
-    }
+    next.put(tile);
     __syncthreads();
-    if (j0 + kColTile < n) fetch(j0 + kColTile);
+    if (j0 + kColTile < n) next.fetch(m, n, j0 + kColTile);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const uint32_t* c0 = tile + col * (kPitch / 2);
-    const float* a0 = a + row0;  // the warp's four rows of column d: a0[d * 16 .. + 3]
-#pragma unroll 8
-    for (int d2 = 0; d2 < D / 2; ++d2) {
-      const uint32_t kw = c0[d2];
-      const float k[2] = {lo<T>(kw), hi<T>(kw)};
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float4 x = *reinterpret_cast<const float4*>(a0 + (2 * d2 + e) * kRows);  // broadcast
-        acc[0] = step(acc[0], x.x, k[e]);
-        acc[1] = step(acc[1], x.y, k[e]);
-        acc[2] = step(acc[2], x.z, k[e]);
-        acc[3] = step(acc[3], x.w, k[e]);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t af[4] = {aw[g * kPW + 8 * kk + t], aw[(g + 8) * kPW + 8 * kk + t],
+                              aw[g * kPW + 8 * kk + 4 + t], aw[(g + 8) * kPW + 8 * kk + 4 + t]};
+      const int col = 8 * warp + g;
+      mma_16816<T>(acc, af, tw[col * kPW + 8 * kk + t], tw[col * kPW + 8 * kk + 4 + t]);
     }
-    const int j = j0 + col;
+    const int j = j0 + 8 * warp + 2 * t;
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
-      if (row0 + r < rows && j < n) store(row0 + r, j, acc[r]);
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + 8 * (e >> 1), jj = j + (e & 1);
+      if (r < rows && jj < n) store(r, jj, acc[e]);
+    }
   }
   __syncthreads();
 }
 
-// out[r][d] = Σ_{j < n} w[r][j] · m[j][d] (fp32, j ascending) for r < rows: w the tile's rows of a
-// [rows x n] matrix of 16-bit weights with row pitch w_pitch (shared or global memory, written
-// before the block's last barrier), m a contiguous [n x D] matrix; store(r, d, out) for each.
-// Thread t owns column t % D of rows (t / D) * R .. + R - 1, R = 16 D / 512 (4 or 2): per term one
-// conflict-free load, one broadcast load of the weights, R FMAs. Ends with the block synchronized.
+// out[r][d] = Σ_{j < n} w[r][j] · m[j][d] for r < rows: w the tile's rows of a [rows x n] matrix
+// of 16-bit weights with row pitch w_pitch (shared or global memory, written before the block's
+// last barrier), m a contiguous [n x D] matrix; store(r, d, out) for each. Warp w < D / 8 owns the
+// n8 block of columns 8w .. 8w + 7: per k16 step eight 16-bit loads of the weights, four of the
+// term tile, one MMA. The next term tile's loads are issued before this tile's MMAs. Ends with the
+// block synchronized.
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_pitch, int rows,
-                                                  const uint16_t* m, int n, float* work,
+                                                  const uint16_t* m, int n, uint16_t* tile,
                                                   Store&& store) {
-  constexpr int kGroups = kThreads / D;  // 4 (D = 128) or 8 (D = 64)
-  constexpr int kPerThread = kRows / kGroups;
-  static_assert(kPerThread == 4 || kPerThread == 2, "one 16- or 8-byte load of a term's weights");
-  float* mt = work;                 // [kSumTile][D]
-  float* wt = work + kSumTile * D;  // [kSumTile][kRows]: a term's weights of the 16 rows together
-  const int d = threadIdx.x % D, g = threadIdx.x / D;
-  float acc[kPerThread];
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) acc[i] = 0.0f;
-  // The next tile's loads are issued before this tile's FMAs, so their latency hides under them.
-  constexpr int kMLoads = kSumTile * D / 2 / kThreads;  // 32-bit words of m a thread moves
-  constexpr int kWLoads = kRows * kSumTile / kThreads;  // weights a thread moves
-  static_assert(kMLoads * kThreads == kSumTile * D / 2 && kWLoads * kThreads == kRows * kSumTile,
-                "whole tiles per thread");
-  uint32_t next_m[kMLoads];
-  uint16_t next_w[kWLoads];
-  auto fetch = [&](int j0) {
-#pragma unroll
-    for (int i = 0; i < kMLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, jj = e / (D / 2), c = e % (D / 2);
-      next_m[i] = j0 + jj < n ? reinterpret_cast<const uint32_t*>(m)[static_cast<int64_t>(j0 + jj) * (D / 2) + c] : 0u;
-    }
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, r = e / kSumTile, jj = e % kSumTile;
-      next_w[i] = r < rows && j0 + jj < n ? w[r * w_pitch + j0 + jj] : uint16_t{0};
-    }
+  constexpr int kP = TileSmem<D>::kPitch;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const bool owns = warp < D / 8;
+  auto weight = [&](int r, int j) -> uint16_t {
+    return r < rows && j < n ? w[r * w_pitch + j] : uint16_t{0};
   };
-  fetch(0);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  StagedRows<D, kSumTile> next;
+  next.fetch(m, n, 0);
   for (int j0 = 0; j0 < n; j0 += kSumTile) {
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kMLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, jj = e / (D / 2), c = e % (D / 2);
-      mt[jj * D + 2 * c] = lo<T>(next_m[i]);
-      mt[jj * D + 2 * c + 1] = hi<T>(next_m[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, r = e / kSumTile, jj = e % kSumTile;
-      wt[jj * kRows + r] = Elem<T>::value(next_w[i]);  // 0 bits (+0) outside the tile
-    }
+    next.put(tile);
     __syncthreads();
-    if (j0 + kSumTile < n) fetch(j0 + kSumTile);
-    const int count = min(kSumTile, n - j0);
-    for (int jj = 0; jj < count; ++jj) {
-      const float mv = mt[jj * D + d];
-      const float* wr = wt + jj * kRows + g * kPerThread;  // broadcast within the warp
-      if constexpr (kPerThread == 4) {
-        const float4 w4 = *reinterpret_cast<const float4*>(wr);
-        acc[0] = step(acc[0], w4.x, mv);
-        acc[1] = step(acc[1], w4.y, mv);
-        acc[2] = step(acc[2], w4.z, mv);
-        acc[3] = step(acc[3], w4.w, mv);
-      } else {
-        const float2 w2 = *reinterpret_cast<const float2*>(wr);
-        acc[0] = step(acc[0], w2.x, mv);
-        acc[1] = step(acc[1], w2.y, mv);
+    if (j0 + kSumTile < n) next.fetch(m, n, j0 + kSumTile);
+    if (owns) {
+#pragma unroll
+      for (int ks = 0; ks < kSumTile / 16; ++ks) {
+        const int k0 = j0 + 16 * ks;
+        const uint32_t af[4] = {pack16(weight(g, k0 + 2 * t), weight(g, k0 + 2 * t + 1)),
+                                pack16(weight(g + 8, k0 + 2 * t), weight(g + 8, k0 + 2 * t + 1)),
+                                pack16(weight(g, k0 + 8 + 2 * t), weight(g, k0 + 9 + 2 * t)),
+                                pack16(weight(g + 8, k0 + 8 + 2 * t), weight(g + 8, k0 + 9 + 2 * t))};
+        const uint16_t* col = tile + 16 * ks * kP + 8 * warp + g;
+        mma_16816<T>(acc, af, pack16(col[(2 * t) * kP], col[(2 * t + 1) * kP]),
+                     pack16(col[(2 * t + 8) * kP], col[(2 * t + 9) * kP]));
       }
     }
   }
+  if (owns) {
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int row = g * kPerThread + i;
-    if (row < rows) store(row, d, acc[i]);
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + 8 * (e >> 1), d = 8 * warp + 2 * t + (e & 1);
+      if (r < rows) store(r, d, acc[e]);
+    }
   }
   __syncthreads();
 }

@@ -1,10 +1,10 @@
 // What the VSA layer's kernels (kernels/vsa_layer/, SPEC section 3b) share: 16-bit element access
 // as raw bits with the dtype's rounding, the check of the reserve's record, and the fixed-order fp32
-// step every sum of the layer takes.
+// step of the sums that do not run on tensor cores.
 //
 // Rounding: every tensor the layer's torch original materializes is rounded to the dtype where
-// torch rounds it (SPEC 3b); sums run in fp32 in a fixed order (no atomics on floats), so every
-// result is the same on every run.
+// torch rounds it (SPEC 3b); sums run in fp32 in a fixed order (the coarse products on tensor cores,
+// the rest with step() below; no atomics on floats), so every result is the same on every run.
 #pragma once
 
 #include <stdint.h>
@@ -90,10 +90,10 @@ __device__ __forceinline__ int block_tokens(const int32_t* sizes, int64_t stride
   return min(max(sizes[i * stride], 0), 64);
 }
 
-// ---- the fixed-order step of every sum ---------------------------------------------------------------
+// ---- the fixed-order step of the sums off the tensor cores ------------------------------------------
 
-// acc + a * b, rounded once (an FMA). Every sum of the layer adds its terms one at a time in
-// ascending order of its index with this step, as the CPU backend does.
+// acc + a * b, rounded once (an FMA). The softmax's sums and the per-block passes' sums add their
+// terms one at a time in ascending order of their index with this step, as the CPU backend does.
 __device__ __forceinline__ float step(float acc, float a, float b) { return __fmaf_rn(a, b, acc); }
 
 }  // namespace fva::dev::layer
