@@ -121,8 +121,10 @@ class Problem {
   }
   // Device bytes of tensor i become its host input (a device forward's result feeding a backward).
   void adopt(int i, cudaStream_t s) {
-    tensors_[static_cast<size_t>(i)].bytes = download(i, s);
-    tensors_[static_cast<size_t>(i)].output = false;
+    Tensor& x = tensors_[static_cast<size_t>(i)];
+    x.bytes = download(i, s);
+    x.host.data = x.bytes.data();  // the new buffer: the old one is gone
+    x.output = false;
   }
 
  private:
