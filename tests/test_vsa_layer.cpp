@@ -32,7 +32,6 @@ namespace {
 
 using fvt::HostTensor;
 using fvt::Layout;
-using fvt::dtype_step;
 
 constexpr double kTol = 1e-2;  // SPEC section 4: out, dq, dk, dv, dgate
 constexpr int64_t kBlock = 64;
@@ -58,64 +57,12 @@ double check_close(const std::string& what, const std::vector<double>& got, cons
 
 // ---- the selection rule (SPEC 3b) ------------------------------------------------------------------
 
-// How a library selection compares with the one SPEC 3b defines for reference scores `scores`
-// ([rows, nkv], rows = B * H * nq): rows that differ yet are allowed (the k-th and (k+1)-th
-// reference scores within one dtype step, and the library's choice inside that band), and rows that
-// are wrong.
-struct SelectionCheck {
-  int64_t tie_rows = 0, bad_rows = 0;
-  std::string first_bad;
-};
-
-SelectionCheck check_selection(const std::vector<int32_t>& lib_idx, const std::vector<int32_t>& lib_num,
-                               const std::vector<double>& scores, const std::vector<int32_t>& kv_sizes,
-                               int64_t rows, int64_t k, int32_t dtype) {
-  const int64_t nkv = static_cast<int64_t>(kv_sizes.size());
-  const ref64::VsaLayerSelection ref = ref64::vsa_layer_select(scores, 1, 1, rows, kv_sizes, k);
-  SelectionCheck c;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double* s = scores.data() + r * nkv;
-    const int32_t* li = lib_idx.data() + r * ref.k;
-    const int32_t* ri = ref.q2k_idx.data() + r * ref.k;
-    const int64_t n = ref.q2k_num[static_cast<size_t>(r)];
-    auto bad = [&](const std::string& why) {
-      if (c.bad_rows++ == 0) c.first_bad = "row " + std::to_string(r) + ": " + why;
-    };
-    if (lib_num[static_cast<size_t>(r)] != n) {
-      bad("q2k_num " + std::to_string(lib_num[static_cast<size_t>(r)]) + ", expected " + std::to_string(n));
-      continue;
-    }
-    bool valid = true, same = true;
-    for (int64_t t = 0; t < ref.k; ++t) {
-      if (t >= n) valid = valid && li[t] == -1;  // past q2k_num: -1
-      else valid = valid && li[t] >= 0 && li[t] < nkv && kv_sizes[static_cast<size_t>(li[t])] > 0 &&
-                   (t == 0 || li[t] > li[t - 1]);
-      same = same && li[t] == ri[t];
-    }
-    if (!valid) {
-      bad("not an ascending list of blocks of nonzero size followed by -1");
-      continue;
-    }
-    if (same) continue;
-    // The k-th and (k+1)-th highest reference scores, and the band they span.
-    std::vector<double> sorted;
-    for (int64_t j = 0; j < nkv; ++j)
-      if (kv_sizes[static_cast<size_t>(j)] > 0) sorted.push_back(s[j]);
-    std::sort(sorted.rbegin(), sorted.rend());
-    const double sk = sorted[static_cast<size_t>(n - 1)], sk1 = sorted[static_cast<size_t>(n)];
-    const double step = dtype_step(dtype, std::max(std::fabs(sk), std::fabs(sk1)));
-    bool in_band = sk - sk1 <= step;
-    std::vector<char> chosen(static_cast<size_t>(nkv), 0);
-    for (int64_t t = 0; t < n; ++t) chosen[static_cast<size_t>(li[t])] = 1;
-    for (int64_t j = 0; j < nkv; ++j) {
-      if (kv_sizes[static_cast<size_t>(j)] <= 0) continue;
-      if (chosen[static_cast<size_t>(j)]) in_band = in_band && s[j] >= sk1 - step;
-      else in_band = in_band && s[j] <= sk + step;
-    }
-    if (in_band) ++c.tie_rows;
-    else bad("differs from the reference's top-k outside a one-step tie");
-  }
-  return c;
+// A library selection against the one SPEC 3b defines for reference scores `scores` ([rows, nkv],
+// rows = B * H * nq), one-step ties allowed (ref64::check_selection).
+ref64::SelectionCheck check_selection(const std::vector<int32_t>& lib_idx, const std::vector<int32_t>& lib_num,
+                                      const std::vector<double>& scores, const std::vector<int32_t>& kv_sizes,
+                                      int64_t rows, int64_t k, int32_t dtype) {
+  return ref64::check_selection(ref_dtype(dtype), lib_idx, lib_num, scores, kv_sizes, rows, k);
 }
 
 // ---- calling the library ---------------------------------------------------------------------------
@@ -223,7 +170,7 @@ TEST_CASE("golden VSA layer cases through the public API (CPU backend), and refe
     CHECK(layer.reserve_bits(lay.v_c, static_cast<size_t>(B * H * nkv * D)) == fvt::golden_bits(gc, "v_c"));
 
     // Selection: golden's lists, up to SPEC 3b's exception (judged on golden's scores).
-    const SelectionCheck sel =
+    const ref64::SelectionCheck sel =
         check_selection(idx.values_i32(), num.values_i32(), g_scores, vbs, B * H * nq, gc.topk, FVA_DTYPE_BF16);
     CHECK_MESSAGE(sel.bad_rows == 0, sel.bad_rows << " selected lists break SPEC 3b; " << sel.first_bad);
     int64_t equal_rows = 0;
@@ -253,7 +200,7 @@ TEST_CASE("golden VSA layer cases through the public API (CPU backend), and refe
     ref64::VsaLayerConfig rcfg;
     rcfg.topk = gc.topk;
     const ref64::VsaLayerForward rf = ref64::vsa_layer_forward(rcfg, ref64::DType::BF16, in);
-    const SelectionCheck rsel = check_selection(rf.selection.q2k_idx, rf.selection.q2k_num, g_scores, vbs,
+    const ref64::SelectionCheck rsel = check_selection(rf.selection.q2k_idx, rf.selection.q2k_num, g_scores, vbs,
                                                 B * H * nq, gc.topk, FVA_DTYPE_BF16);
     CHECK_MESSAGE(rsel.bad_rows == 0, "reference64: " << rsel.first_bad);
     check_close("reference64 out vs golden", rf.out.data, g_out.data);
@@ -375,7 +322,7 @@ TEST_CASE("VSA layer against reference64 on random problems (fresh seed each run
     rcfg.softmax_scale = c.scale;
     const ref64::DType dt = ref_dtype(c.dtype);
     const ref64::VsaLayerForward own = ref64::vsa_layer_forward(rcfg, dt, in);
-    const SelectionCheck sel =
+    const ref64::SelectionCheck sel =
         check_selection(lib.idx, lib.num, own.scores, kvsz, c.B * c.Hq * c.nq, c.topk, c.dtype);
     CHECK_MESSAGE(sel.bad_rows == 0, sel.bad_rows << " selected lists break SPEC 3b; " << sel.first_bad);
     if (sel.tie_rows) MESSAGE(c.name << ": " << sel.tie_rows << " q blocks chose the other side of a one-step tie");

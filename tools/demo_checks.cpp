@@ -28,14 +28,14 @@ std::vector<std::pair<std::string, double>> layer_reference_errors(
   const ref64::VsaLayerForward ref = ref64::vsa_layer_forward(rc, ref64::DType::BF16, in, &chosen);
   const ref64::VsaLayerGrads g = ref64::vsa_layer_backward(rc, ref64::DType::BF16, in, ref, dout);
   const ref64::Shape& s = in.q.shape;
-  const ref64::VsaLayerSelection own =
-      ref64::vsa_layer_select(ref.scores, s.B, s.H, s.S / 64, in.kv_block_sizes, k);
+  const ref64::SelectionCheck lists = ref64::check_selection(
+      ref64::DType::BF16, chosen.q2k_idx, chosen.q2k_num, ref.scores, in.kv_block_sizes, s.B * s.H * (s.S / 64), k);
   return {{"out", rel_l2(out, ref.out.data)},
           {"dq", rel_l2(dq, g.dq.data)},
           {"dk", rel_l2(dk, g.dk.data)},
           {"dv", rel_l2(dv, g.dv.data)},
           {"dgate", rel_l2(dgate, g.dgate.data)},
-          {"lists", own.q2k_idx == chosen.q2k_idx ? 0.0 : 1.0}};
+          {"lists", static_cast<double>(lists.bad_rows)}};
 }
 
 }  // namespace fvtool

@@ -294,7 +294,7 @@ int demo_gpu(fva_handle_t h, int64_t H, int64_t S, uint64_t seed, int runs) {
     fmt::print(stderr, "demo: float64 reference of the small VSA layer ...\n");
     const ref64::VsaLayerInputs in{whole(small.q), whole(small.k), whole(small.v), whole(small.gate),
                                    true, small.sizes, small.sizes};
-    // The lists must be SPEC 3b's selection from the reference's own scores: "lists" is 0 then.
+    // The lists must be a selection SPEC 3b allows for the reference's own scores: "lists" is 0 then.
     for (const auto& [name, err] : layer_reference_errors(
              in, whole(small.dout), small.topk,
              small.didx.download<int32_t>(static_cast<size_t>(small.H * small.nb * small.topk)),

@@ -6,7 +6,8 @@
 //                 GPU when there is one (tools/demo_gpu.cpp), else on the CPU reference backend
 //   fvattn bench  GPU TFLOPS over shapes, with PyTorch SDPA alongside (tools/bench.cpp)
 //   fvattn soak   random calls of every op for N minutes from several threads on one CUDA handle,
-//                 a sample checked against the CPU backend (tools/soak.cpp)
+//                 a sample checked against the CPU backend (tools/soak.cpp; --backend cpu: on a
+//                 second CPU handle, in any build)
 // It uses only the public C API, like any client; CLI11 parses its arguments (every command answers
 // --help) and nlohmann-json writes bench's JSON.
 #include <CLI/CLI.hpp>
@@ -27,13 +28,11 @@
 #include <vector>
 
 #include "bench_options.h"
+#include "commands.h"
 #include "demo_checks.h"
 #include "reference64.h"
 #include "soak_options.h"
 #include "tensor_desc.h"
-#if FVATTN_TOOLS_GPU
-#include "commands.h"
-#endif
 
 namespace {
 
@@ -633,8 +632,9 @@ int cmd_bench(fvtool::BenchOptions& o, const fvtool::BenchParse& p) {
 #endif
 }
 
-// `fvattn soak`: parsed in every build; it runs only on a GPU.
+// `fvattn soak`: on a GPU, or with --backend cpu on the CPU backend in any build.
 int cmd_soak_on_gpu(const fvtool::SoakOptions& o) {
+  if (o.backend == "cpu") return fvtool::cmd_soak(o);
   std::string why;
   fva_handle_t h = probe_gpu(&why);
   if (h == nullptr) {

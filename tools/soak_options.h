@@ -1,10 +1,11 @@
-// `fvattn soak`'s options: parsed in every build (its --help works without CUDA), run on a GPU only
-// (tools/soak.cpp).
+// `fvattn soak`'s options (tools/soak.cpp): the soak runs on a GPU, or with --backend cpu on the
+// CPU backend in any build.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <string>
 
 namespace fvtool {
 
@@ -16,6 +17,7 @@ struct SoakOptions {
   int check_every = 10;
   int64_t max_seq = 1024;
   double slack_mib = 64.0;
+  std::string backend = "cuda";  // the handle under test: "cuda", or "cpu" (a second CPU handle)
 };
 
 inline void add_soak_options(CLI::App& cmd, SoakOptions& o) {
@@ -34,6 +36,11 @@ inline void add_soak_options(CLI::App& cmd, SoakOptions& o) {
       ->capture_default_str();
   cmd.add_option("--max-seq", o.max_seq, "the longest sequence a problem draws (tokens)")
       ->check(CLI::Range(int64_t{64}, int64_t{1} << 16))
+      ->capture_default_str();
+  cmd.add_option("--backend", o.backend,
+                 "the backend under test: cuda, or cpu (the same calls on a second CPU handle over host "
+                 "memory: a test of the soak itself, in any build)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
   cmd.add_option("--slack-mib", o.slack_mib, "device memory growth (MiB) tolerated from start to end")
       ->check(CLI::NonNegativeNumber)

@@ -54,9 +54,14 @@ for o in --seq --batch --heads --dim --iters --warmup --density --json --no-sdpa
   expect_in "$out/bench-help.out" "$o( |$)" "bench --help lists $o"
 done
 expect_not_in "$out/bench-help.out" "issue 5" "bench --help speaks of an issue"
-for o in --minutes --threads --seed --check-every --max-seq; do
+for o in --minutes --threads --seed --check-every --max-seq --backend; do
   expect_in "$out/soak-help.out" "$o( |$)" "soak --help lists $o"
 done
+# The soak's own bookkeeping, on the CPU backend (a second CPU handle as the target): a few seconds
+# of every op from two threads, every call checked.
+run soak-cpu soak --backend cpu --minutes 0.1 --threads 2 --max-seq 128 --check-every 1 --seed 7
+expect_rc soak-cpu 0 "fvattn soak --backend cpu"
+expect_in "$out/soak-cpu.out" "^PASS$" "fvattn soak --backend cpu: PASS"
 
 run top-help --help
 expect_rc top-help 0 "fvattn --help"

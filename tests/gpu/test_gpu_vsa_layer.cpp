@@ -234,64 +234,17 @@ LayerOutputs gpu_layer(fva_handle_t h, const LayerCase& c, const LayerInputs& in
 
 // ---- the selection rule (SPEC 3b) -------------------------------------------------------------------
 
-// Rows (of B * H * nq) where `got` differs from `want`: a row is a tie when both are lists SPEC 3b
-// allows for scores within one dtype step of the k-th and (k+1)-th highest score of `scores`
-// ([rows, nkv]); any other difference is bad. Lists: [rows, k], ascending, -1 past the count.
-struct ListDiff {
-  int64_t tie_rows = 0, bad_rows = 0;
-  std::string first_bad;
-};
-ListDiff compare_lists(const std::vector<int32_t>& got_idx, const std::vector<int32_t>& got_num,
-                       const std::vector<int32_t>& want_idx, const std::vector<int32_t>& want_num,
-                       const std::vector<double>& scores, const std::vector<int32_t>& kv_sizes, int64_t rows,
-                       int64_t k, int32_t dtype) {
-  const int64_t nkv = static_cast<int64_t>(kv_sizes.size());
-  ListDiff d;
-  auto bad = [&](int64_t r, const std::string& why) {
-    if (d.bad_rows++ == 0) d.first_bad = "q block row " + std::to_string(r) + ": " + why;
-  };
-  for (int64_t r = 0; r < rows; ++r) {
-    const int32_t* g = got_idx.data() + r * k;
-    const int32_t* w = want_idx.data() + r * k;
-    const int32_t n = want_num[static_cast<size_t>(r)];
-    if (got_num[static_cast<size_t>(r)] != n) {
-      bad(r, "q2k_num " + std::to_string(got_num[static_cast<size_t>(r)]) + ", expected " + std::to_string(n));
-      continue;
-    }
-    if (std::equal(g, g + k, w)) continue;
-    bool valid = true;
-    for (int64_t t = 0; t < k; ++t) {
-      if (t >= n) valid = valid && g[t] == -1;
-      else valid = valid && g[t] >= 0 && g[t] < nkv && kv_sizes[static_cast<size_t>(g[t])] > 0 &&
-                   (t == 0 || g[t] > g[t - 1]);
-    }
-    if (!valid || n == 0) {
-      bad(r, "not an ascending list of blocks of nonzero size followed by -1");
-      continue;
-    }
-    const double* s = scores.data() + r * nkv;
-    std::vector<double> sorted;
-    for (int64_t j = 0; j < nkv; ++j)
-      if (kv_sizes[static_cast<size_t>(j)] > 0) sorted.push_back(s[j]);
-    std::sort(sorted.rbegin(), sorted.rend());
-    if (static_cast<int64_t>(sorted.size()) <= n) {  // every block taken: no choice to differ in
-      bad(r, "differs although every block of nonzero size is selected");
-      continue;
-    }
-    const double sk = sorted[static_cast<size_t>(n - 1)], sk1 = sorted[static_cast<size_t>(n)];
-    const double step = dtype_step(dtype, std::max(std::fabs(sk), std::fabs(sk1)));
-    bool in_band = sk - sk1 <= step;
-    std::vector<char> chosen(static_cast<size_t>(nkv), 0);
-    for (int64_t t = 0; t < n; ++t) chosen[static_cast<size_t>(g[t])] = 1;
-    for (int64_t j = 0; j < nkv; ++j) {
-      if (kv_sizes[static_cast<size_t>(j)] <= 0) continue;
-      if (chosen[static_cast<size_t>(j)]) in_band = in_band && s[j] >= sk1 - step;
-      else in_band = in_band && s[j] <= sk + step;
-    }
-    if (in_band) ++d.tie_rows;
-    else bad(r, "differs outside a one-step tie of the k-th score");
-  }
-  return d;
+// The GPU's lists against `want` (the CPU's, or golden's), equal but for one-step ties of the
+// float64 scores ([rows, nkv]; ref64::check_selection). Lists: [rows, k], ascending, -1 past the count.
+ref64::SelectionCheck compare_lists(const std::vector<int32_t>& got_idx, const std::vector<int32_t>& got_num,
+                                    const std::vector<int32_t>& want_idx, const std::vector<int32_t>& want_num,
+                                    const std::vector<double>& scores, const std::vector<int32_t>& kv_sizes,
+                                    int64_t rows, int64_t k, int32_t dtype) {
+  ref64::VsaLayerSelection want;
+  want.k = k;
+  want.q2k_idx = want_idx;
+  want.q2k_num = want_num;
+  return ref64::check_selection(fvt::ref_dtype(dtype), got_idx, got_num, scores, kv_sizes, rows, k, &want);
 }
 
 using fvt::to_ref;
@@ -341,7 +294,7 @@ void check_layer_case(const LayerCase& c) {
   const ref64::DType dt = ref_dtype(c.dtype);
   const ref64::VsaLayerForward own = ref64::vsa_layer_forward(rcfg, dt, rin);
   const std::vector<int32_t> kvs = clamped(in.kvsz);
-  const ListDiff d = compare_lists(g.idx.values_i32(), g.num.values_i32(), cpu.idx.values_i32(),
+  const ref64::SelectionCheck d = compare_lists(g.idx.values_i32(), g.num.values_i32(), cpu.idx.values_i32(),
                                    cpu.num.values_i32(), own.scores, kvs, rows, k, c.dtype);
   CHECK_MESSAGE(d.bad_rows == 0, d.bad_rows << " GPU lists differ from the CPU's; " << d.first_bad);
   if (c.sizes == Sizes::kEmptyKv)
@@ -503,7 +456,7 @@ TEST_CASE("GPU VSA layer against tests/golden/vsa_layer (FastVideo's video_spars
       in.kv_sizes.fill_i32(vbs);
       const LayerOutputs g = gpu_layer(gpu.h, c, in);
       const int64_t kk = effective_topk(c), rows = c.B * c.Hq * c.nq;
-      const ListDiff d = compare_lists(g.idx.values_i32(), g.num.values_i32(), golden_i32(gc, "q2k_idx"),
+      const ref64::SelectionCheck d = compare_lists(g.idx.values_i32(), g.num.values_i32(), golden_i32(gc, "q2k_idx"),
                                        golden_i32(gc, "q2k_num"), golden_tensor(gc, "scores").data, clamped(vbs),
                                        rows, kk, FVA_DTYPE_BF16);
       CHECK_MESSAGE(d.bad_rows == 0, d.bad_rows << " lists differ from golden's; " << d.first_bad);

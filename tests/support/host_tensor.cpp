@@ -88,14 +88,6 @@ double f16_value(uint16_t bits) {
   return sign * std::ldexp(1024 + m, e - 25);
 }
 
-double dtype_step(int32_t dtype, double x) {
-  const int mant = dtype == FVA_DTYPE_BF16 ? 7 : 10;
-  const int emin = dtype == FVA_DTYPE_BF16 ? -126 : -14;
-  int ex = 0;
-  std::frexp(x == 0.0 ? 1e-300 : x, &ex);
-  return std::ldexp(1.0, std::max(ex - 1, emin) - mant);
-}
-
 // ---- HostTensor ---------------------------------------------------------------------------------------
 
 HostTensor::HostTensor(int32_t dtype, std::vector<int64_t> shape, Layout layout, int64_t row_pad)

@@ -93,8 +93,6 @@ uint16_t bf16_bits(double x);  // x rounded to bf16 (RNE), as bits
 double bf16_value(uint16_t bits);
 uint16_t f16_bits(double x);  // x rounded to binary16 (RNE), as bits
 double f16_value(uint16_t bits);
-// One step of the dtype's grid (bf16 or f16) at |x|: 8 or 11 significant bits, subnormals kept.
-double dtype_step(int32_t dtype, double x);
 
 // ---- measures (SPEC section 4) ---------------------------------------------------------------------
 

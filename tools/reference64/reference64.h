@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace ref64 {
@@ -196,6 +197,23 @@ struct VsaLayerForward {
 VsaLayerSelection vsa_layer_select(const std::vector<double>& scores, int64_t B, int64_t H,
                                    int64_t nq, const std::vector<int32_t>& kv_block_sizes,
                                    int64_t topk);
+
+// One dtype step (unit in the last place) at magnitude x: the width of a tie of 16-bit scores.
+double dtype_step(DType dt, double x);
+
+// How a selection made elsewhere (idx [rows, k], num [rows]; k = min(topk, nkv)) compares with
+// `want` (default: the one SPEC 3b defines for `scores`, [rows, nkv] float64): rows that differ yet
+// are allowed, because the k-th and (k+1)-th scores lie within one dtype step and the choice stays
+// inside that band (a different summation order may round a score across it), and rows that are
+// wrong, with the first one's reason.
+struct SelectionCheck {
+  int64_t tie_rows = 0, bad_rows = 0;
+  std::string first_bad;
+};
+SelectionCheck check_selection(DType dt, const std::vector<int32_t>& idx,
+                               const std::vector<int32_t>& num, const std::vector<double>& scores,
+                               const std::vector<int32_t>& kv_block_sizes, int64_t rows, int64_t topk,
+                               const VsaLayerSelection* want = nullptr);
 
 // `use` replaces the reference's own selection in the fine branch (a test checks first that a
 // library's selection is one SPEC 3b allows, then compares everything else on equal terms).
