@@ -284,6 +284,72 @@ TEST_CASE("NaN rule: VSA gives a row with a NaN in q NaN outputs, not an empty r
   }
 }
 
+// The VSA backward alone over given o and lse (the layout of run_vsa).
+bool run_vsa_backward(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                      const HostTensor& o, const HostTensor& lse, const HostTensor& dout, VsaRun* r) {
+  constexpr int64_t H = 2, NQ = 2, NKV = 3, MAXK = 2;
+  HostTensor idx(FVA_DTYPE_I32, {1, H, NQ, MAXK}), num(FVA_DTYPE_I32, {1, H, NQ}), sizes(FVA_DTYPE_I32, {NKV});
+  idx.fill_i32({0, 2, 1, -1, 0, 2, 1, -1});
+  num.fill_i32({2, 1, 2, 0});
+  sizes.fill_i32({64, 64, 40});
+  r->dq = HostTensor(kDtype, {1, H, 64 * NQ, D});
+  r->dk = HostTensor(kDtype, {1, H, 64 * NKV, D});
+  r->dv = HostTensor(kDtype, {1, H, 64 * NKV, D});
+  Session x(b);
+  const fva_tensor_t *tq = x.in(q), *tk = x.in(k), *tv = x.in(v), *to = x.in(o), *tl = x.in(lse),
+                     *tdo = x.in(dout), *ti = x.in(idx), *tn = x.in(num), *ts = x.in(sizes);
+  const fva_tensor_t *tdq = x.out(r->dq), *tdk = x.out(r->dk), *tdv = x.out(r->dv);
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  size_t bb = 0;
+  if (!ok_or_skip(b, fva_vsa_backward_workspace_size(x.h(), &cfg, tq, tk, tv, ti, &bb), "vsa backward size") ||
+      !ok_or_skip(b, fva_vsa_backward(x.h(), &cfg, tq, tk, tv, to, tl, tdo, ti, tn, ts, tdq, tdk, tdv,
+                                      x.workspace(bb), bb, nullptr),
+                  "fva_vsa_backward"))
+    return false;
+  x.finish();
+  return true;
+}
+
+// An lse of -inf is the mark of a row that saw no key (what the forward leaves for one): the
+// backward takes its P as 0 on every backend, whatever keys its block lists, so its dq row is 0 and
+// it adds nothing to dk and dv (not 2^(s + inf) = inf, which would make them NaN).
+TEST_CASE("An lse of -inf marks a row that saw no key: the VSA backward gives it P = 0 on every backend") {
+  std::mt19937_64 rng(std::random_device{}());
+  constexpr int64_t H = 2;
+  for (auto& backend : fvt::available_backends()) {
+    Backend& b = *backend;
+    INFO(b.name());
+    const HostTensor q = normal({1, H, 128, D}, rng), k = normal({1, H, 192, D}, rng),
+                     v = normal({1, H, 192, D}, rng), dout = normal({1, H, 128, D}, rng);
+    VsaRun full;
+    if (!run_vsa(b, q, k, v, dout, &full)) continue;
+    // Row 20 of head 0 (q block 0, which lists the whole kv block 0 and the ragged block 2), and
+    // every row of q block 1 of head 0 (which lists the whole kv block 1).
+    std::vector<double> l = full.lse.values();
+    l[20] = -std::numeric_limits<double>::infinity();
+    for (int64_t s = 64; s < 128; ++s) l[static_cast<size_t>(s)] = -std::numeric_limits<double>::infinity();
+    HostTensor lse(FVA_DTYPE_F32, {1, H, 128});
+    lse.fill(l);
+    VsaRun run;
+    if (!run_vsa_backward(b, q, k, v, full.o, lse, dout, &run)) continue;
+    const std::vector<double> dq = run.dq.values();
+    bool zero_rows = true;
+    for (int64_t s : {int64_t{20}, int64_t{64}, int64_t{100}, int64_t{127}})
+      for (int64_t d = 0; d < D; ++d) zero_rows = zero_rows && dq[static_cast<size_t>(s * D + d)] == 0.0;
+    CHECK_MESSAGE(zero_rows, "a row with lse = -inf got a nonzero dq");
+    CHECK(all_finite_except(run.dq, 0, 0, 0));
+    CHECK(all_finite_except(run.dk, 0, 0, 0));
+    CHECK(all_finite_except(run.dv, 0, 0, 0));
+    // kv block 1 of head 0 is listed only by q block 1, whose rows all have lse = -inf: dk, dv 0.
+    const std::vector<double> dk = run.dk.values(), dv = run.dv.values();
+    bool block1_zero = true;
+    for (int64_t s = 64; s < 128; ++s)
+      for (int64_t d = 0; d < D; ++d)
+        block1_zero = block1_zero && dk[static_cast<size_t>(s * D + d)] == 0.0 && dv[static_cast<size_t>(s * D + d)] == 0.0;
+    CHECK_MESSAGE(block1_zero, "a kv block seen only by rows with lse = -inf got nonzero dk or dv");
+  }
+}
+
 // ---- the whole VSA layer ---------------------------------------------------------------------------
 
 TEST_CASE("NaN rule: the VSA layer carries a NaN in q to its block's outputs") {

@@ -66,9 +66,9 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
                                         const float (&lse)[2], const float (&delta)[2],
                                         float (&ds_sum)[2], uint32_t (&a_ds)[4][4]) {
   const int k0 = sched.key0(tile), n_valid = sched.valid_keys(tile);
-  // kAllVisible: a tile every row of the block sees whole, all 64 rows real (so every lse is
-  // finite: QAT's rows see key 0, a VSA q block saw this listed block's 64 keys), compiled without
-  // the per-element selects (about 5 integer and predicate instructions per element).
+  // kAllVisible: a tile every row of the block sees whole, all 64 rows real and the thread's two
+  // lse finite, compiled without the per-element selects (about 5 integer and predicate
+  // instructions per element).
   auto tile_ds = [&](auto all_visible) {
     constexpr bool kAllVisible = decltype(all_visible)::value;
 #pragma unroll
@@ -86,7 +86,9 @@ __device__ __forceinline__ void ds_tile(const Schedule& sched, int tile, int row
       pack_a_tile<T>(a_ds, j, ds);
     }
   };
-  if (sched.unmasked(tile, row0) && row0 + 64 <= sq) {
+  // An lse of -inf (a row the forward found no key for, or a caller's mark of one) takes the
+  // selecting path, which gives its P = 0 as the CPU backend does, not 2^(s + inf).
+  if (sched.unmasked(tile, row0) && row0 + 64 <= sq && lse[0] != -CUDART_INF_F && lse[1] != -CUDART_INF_F) {
     tile_ds(std::true_type{});
   } else {
     tile_ds(std::false_type{});

@@ -208,7 +208,13 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
     wgmma_wait<1>();  // Sᵀ (dPᵀ stays in flight)
     fence_registers(st_flat);
 
-    if (keys.tile_all_visible(c.row0, n_keys, p.Sq)) {
+    // An lse of -inf (a row the forward found no key for, or a caller's mark of one) takes the
+    // selecting path, which gives its P = 0 as the CPU backend does, not 2^(s + inf).
+    bool finite_lse = true;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      finite_lse = finite_lse && lse_of[j].x != -CUDART_INF_F && lse_of[j].y != -CUDART_INF_F;
+    if (finite_lse && keys.tile_all_visible(c.row0, n_keys, p.Sq)) {
       view.template probabilities<true>(st, lse_of, c.row0);
     } else {
       view.template probabilities<false>(st, lse_of, c.row0);
