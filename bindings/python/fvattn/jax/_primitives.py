@@ -3,7 +3,11 @@
 FVATTN_JAX_LIBRARY or the installed package. Arguments are checked at trace time (_checks.py).
 
 Under jax.vmap the calls use vmap_method="expand_dims": the handler gets the batch as leading
-dimensions (size 1 for an unbatched argument) and runs the library once per batch element.
+dimensions (size 1 for an unbatched argument) and runs the library once per batch element. Under
+jax.jit with inputs sharded over batch or heads, the attention calls, the index inversion and the
+NVFP4 quantizer run on each device's shard (_sharding.py); the VSA layer's calls, whose reserve is
+one buffer for the whole problem, run where their inputs are gathered (shard them with
+jax.shard_map instead).
 """
 import threading
 
@@ -13,7 +17,8 @@ import numpy as np
 
 from .. import _capi, _library
 from ..config import QatConfig, VsaConfig, VsaLayerConfig, coerce
-from . import _checks
+from . import _checks, _sharding
+from ._sharding import KV, Q, WHOLE
 
 # target name -> handler symbol prefix in libfvattn_jax.so (+ "Cpu" / "Cuda")
 _TARGETS = {
@@ -98,34 +103,94 @@ def vsa_attrs(cfg):
     return {"softmax_scale": np.float32(cfg.softmax_scale), "block_size": np.int32(cfg.block_size)}
 
 
-def qat_forward_c(q, k, v, cfg):
-    """(o, o_hp or None, lse) for a C config."""
-    _checks.check_qat(q, k, v, cfg)
+def _fields(cfg):
+    """A C config as a hashable tuple (a static argument of the partitioned calls)."""
+    return tuple(getattr(cfg, name) for name, _ in cfg._fields_)
+
+
+# ---- the calls on whatever shard they are given (no checks: the callers checked the whole) -------
+
+
+def _qat_forward_local(q, k, v, fields):
+    cfg = _capi.QatConfigC(*fields)
     o, lse = _sds(q.shape, q.dtype), _sds(q.shape[:3], jnp.float32)
-    if cfg.high_precision_o:
-        return tuple(_call("fvattn_qat_forward_hp", (o, o, lse), q, k, v, **qat_attrs(cfg)))
-    o, lse = _call("fvattn_qat_forward", (o, lse), q, k, v, **qat_attrs(cfg))
-    return o, None, lse
+    return tuple(_call("fvattn_qat_forward", (o, lse), q, k, v, **qat_attrs(cfg)))
 
 
-def qat_backward_c(q, k, v, o_for_bwd, lse, dout, cfg):
-    _checks.check_qat_backward(q, k, v, o_for_bwd, lse, dout, cfg)
+def _qat_forward_hp_local(q, k, v, fields):
+    cfg = _capi.QatConfigC(*fields)
+    o, lse = _sds(q.shape, q.dtype), _sds(q.shape[:3], jnp.float32)
+    return tuple(_call("fvattn_qat_forward_hp", (o, o, lse), q, k, v, **qat_attrs(cfg)))
+
+
+def _qat_backward_local(q, k, v, o_for_bwd, lse, dout, fields):
+    cfg = _capi.QatConfigC(*fields)
     outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
     return tuple(_call("fvattn_qat_backward", outs, q, k, v, o_for_bwd, lse, dout, **qat_attrs(cfg)))
 
 
-def vsa_forward_c(q, k, v, q2k_idx, q2k_num, block_sizes, cfg):
-    _checks.check_vsa(q, k, v, q2k_idx, q2k_num, block_sizes, cfg)
+def _vsa_forward_local(q, k, v, q2k_idx, q2k_num, block_sizes, fields):
+    cfg = _capi.VsaConfigC(*fields)
     outs = (_sds(q.shape, q.dtype), _sds(q.shape[:3], jnp.float32))
     return tuple(_call("fvattn_vsa_forward", outs, q, k, v, q2k_idx, q2k_num, block_sizes,
                        **vsa_attrs(cfg)))
 
 
-def vsa_backward_c(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, cfg):
-    _checks.check_vsa(q, k, v, q2k_idx, q2k_num, block_sizes, cfg, o=o, lse=lse, dout=dout)
+def _vsa_backward_local(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, fields):
+    cfg = _capi.VsaConfigC(*fields)
     outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
     return tuple(_call("fvattn_vsa_backward", outs, q, k, v, o, lse, dout, q2k_idx, q2k_num,
                        block_sizes, **vsa_attrs(cfg)))
+
+
+def _invert_local(q2k_idx, q2k_num, num_kv_blocks):
+    B, H, nq = q2k_idx.shape[:3]
+    outs = (_sds((B, H, num_kv_blocks, nq), jnp.int32), _sds((B, H, num_kv_blocks), jnp.int32))
+    return tuple(_call("fvattn_vsa_invert_indices", outs, q2k_idx, q2k_num))
+
+
+def _nvfp4_local(x, scale_mode, tile_tokens):
+    return _call("fvattn_nvfp4_fake_quantize", _sds(x.shape, x.dtype), x,
+                 scale_mode=np.int32(scale_mode), tile_tokens=np.int32(tile_tokens))
+
+
+_part = _sharding.partitioned
+_QAT_FORWARD = _part(_qat_forward_local, (Q, KV, KV), (Q, Q), (4, 4, 4), (4, 3), 1)
+_QAT_FORWARD_HP = _part(_qat_forward_hp_local, (Q, KV, KV), (Q, Q, Q), (4, 4, 4), (4, 4, 3), 1)
+_QAT_BACKWARD = _part(_qat_backward_local, (Q, KV, KV, Q, Q, Q), (Q, KV, KV), (4, 4, 4, 4, 3, 4),
+                      (4, 4, 4), 1)
+_VSA_FORWARD = _part(_vsa_forward_local, (Q, KV, KV, Q, Q, WHOLE), (Q, Q), (4, 4, 4, 4, 3, 1), (4, 3), 1)
+_VSA_BACKWARD = _part(_vsa_backward_local, (Q, KV, KV, Q, Q, Q, Q, Q, WHOLE), (Q, KV, KV),
+                      (4, 4, 4, 4, 3, 4, 4, 3, 1), (4, 4, 4), 1)
+_INVERT = _part(_invert_local, (Q, Q), (Q, Q), (4, 3), (4, 3), 1)
+_NVFP4 = _part(_nvfp4_local, (Q,), (Q,), (4,), (4,), 2)
+
+
+# ---- checked calls on the whole arrays (C configs) -----------------------------------------------
+
+
+def qat_forward_c(q, k, v, cfg):
+    """(o, o_hp or None, lse) for a C config."""
+    _checks.check_qat(q, k, v, cfg)
+    if cfg.high_precision_o:
+        return _QAT_FORWARD_HP(q, k, v, _fields(cfg))
+    o, lse = _QAT_FORWARD(q, k, v, _fields(cfg))
+    return o, None, lse
+
+
+def qat_backward_c(q, k, v, o_for_bwd, lse, dout, cfg):
+    _checks.check_qat_backward(q, k, v, o_for_bwd, lse, dout, cfg)
+    return _QAT_BACKWARD(q, k, v, o_for_bwd, lse, dout, _fields(cfg))
+
+
+def vsa_forward_c(q, k, v, q2k_idx, q2k_num, block_sizes, cfg):
+    _checks.check_vsa(q, k, v, q2k_idx, q2k_num, block_sizes, cfg)
+    return _VSA_FORWARD(q, k, v, q2k_idx, q2k_num, block_sizes, _fields(cfg))
+
+
+def vsa_backward_c(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, cfg):
+    _checks.check_vsa(q, k, v, q2k_idx, q2k_num, block_sizes, cfg, o=o, lse=lse, dout=dout)
+    return _VSA_BACKWARD(q, k, v, o, lse, dout, q2k_idx, q2k_num, block_sizes, _fields(cfg))
 
 
 # ---- the fvattn.ops entry points for JAX arrays (configs as dataclasses) -------------------------
@@ -151,17 +216,16 @@ def vsa_invert_indices(q2k_idx, q2k_num, num_kv_blocks):
     from ..ops import num_kv_blocks_arg
     num_kv_blocks = num_kv_blocks_arg(num_kv_blocks)
     _checks.check_invert(q2k_idx, q2k_num, num_kv_blocks)
-    B, H, nq = q2k_idx.shape[:3]
-    outs = (_sds((B, H, int(num_kv_blocks), nq), jnp.int32), _sds((B, H, int(num_kv_blocks)), jnp.int32))
-    return tuple(_call("fvattn_vsa_invert_indices", outs, q2k_idx, q2k_num))
+    return _INVERT(q2k_idx, q2k_num, int(num_kv_blocks))
 
 
 def nvfp4_fake_quantize(x, config=None):
     from ..config import Nvfp4Config
     cfg = coerce(config, Nvfp4Config).to_c()
     _checks.dtype_code("x", x.dtype)
-    return _call("fvattn_nvfp4_fake_quantize", _sds(x.shape, x.dtype), x,
-                 scale_mode=np.int32(cfg.scale_mode), tile_tokens=np.int32(cfg.tile_tokens))
+    if x.ndim != 4:  # the partitioned call splits [B, H, S, D]; other ranks run whole
+        return _nvfp4_local(x, int(cfg.scale_mode), int(cfg.tile_tokens))
+    return _NVFP4(x, int(cfg.scale_mode), int(cfg.tile_tokens))
 
 
 # ---- the whole VSA layer -------------------------------------------------------------------------
