@@ -38,10 +38,10 @@ fvattn_pytest(python_cffi numpy,pytest,ml_dtypes,cffi FILES tests/test_cffi.py)
 fvattn_pytest(python_package numpy,pytest,ml_dtypes,setuptools,wheel,pip FILES tests/test_package.py)
 fvattn_pytest(python_jax numpy,pytest,ml_dtypes,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
   FILES tests/test_jax.py tests/test_jax_vsa_layer.py)
-# Sequence parallelism (fvattn.jax.parallel) under jax.shard_map, and the ops under jax.jit with
-# inputs sharded over batch and heads, on 8 host devices.
+# Sequence parallelism (fvattn.jax.parallel: Ulysses, ring attention) under jax.shard_map, and the
+# ops under jax.jit with inputs sharded over batch and heads, on 8 host devices.
 fvattn_pytest(python_jax_parallel numpy,pytest,ml_dtypes,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
-  FILES tests/test_jax_parallel.py tests/test_jax_sharding.py)
+  FILES tests/test_jax_parallel.py tests/test_jax_ring.py tests/test_jax_sharding.py)
 set_property(TEST python_jax_parallel APPEND PROPERTY ENVIRONMENT
   "XLA_FLAGS=--xla_force_host_platform_device_count=8")
 # The README's examples (its torch example skips, saying so, where PyTorch is not installed).
