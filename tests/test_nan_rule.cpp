@@ -203,13 +203,21 @@ TEST_CASE("NaN rule: FastVideo's NVFP4 quantizer maps a NaN to a finite value (t
 struct VsaRun {
   HostTensor o, lse, dq, dk, dv;
 };
+constexpr int64_t kVsaH = 2, kVsaNq = 2, kVsaNkv = 3;
+struct VsaLists {
+  HostTensor idx{FVA_DTYPE_I32, {1, kVsaH, kVsaNq, 2}}, num{FVA_DTYPE_I32, {1, kVsaH, kVsaNq}},
+      sizes{FVA_DTYPE_I32, {kVsaNkv}};
+  VsaLists() {
+    idx.fill_i32({0, 2, 1, -1, 0, 2, 1, -1});
+    num.fill_i32({2, 1, 2, 0});
+    sizes.fill_i32({64, 64, 40});
+  }
+};
 bool run_vsa(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
              const HostTensor& dout, VsaRun* r) {
-  constexpr int64_t H = 2, NQ = 2, NKV = 3, MAXK = 2;
-  HostTensor idx(FVA_DTYPE_I32, {1, H, NQ, MAXK}), num(FVA_DTYPE_I32, {1, H, NQ}), sizes(FVA_DTYPE_I32, {NKV});
-  idx.fill_i32({0, 2, 1, -1, 0, 2, 1, -1});
-  num.fill_i32({2, 1, 2, 0});
-  sizes.fill_i32({64, 64, 40});
+  constexpr int64_t H = kVsaH, NQ = kVsaNq, NKV = kVsaNkv;
+  const VsaLists lists;
+  const HostTensor &idx = lists.idx, &num = lists.num, &sizes = lists.sizes;
   r->o = HostTensor(kDtype, {1, H, 64 * NQ, D});
   r->lse = HostTensor(FVA_DTYPE_F32, {1, H, 64 * NQ});
   r->dq = HostTensor(kDtype, {1, H, 64 * NQ, D});
@@ -287,11 +295,9 @@ TEST_CASE("NaN rule: VSA gives a row with a NaN in q NaN outputs, not an empty r
 // The VSA backward alone over given o and lse (the layout of run_vsa).
 bool run_vsa_backward(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                       const HostTensor& o, const HostTensor& lse, const HostTensor& dout, VsaRun* r) {
-  constexpr int64_t H = 2, NQ = 2, NKV = 3, MAXK = 2;
-  HostTensor idx(FVA_DTYPE_I32, {1, H, NQ, MAXK}), num(FVA_DTYPE_I32, {1, H, NQ}), sizes(FVA_DTYPE_I32, {NKV});
-  idx.fill_i32({0, 2, 1, -1, 0, 2, 1, -1});
-  num.fill_i32({2, 1, 2, 0});
-  sizes.fill_i32({64, 64, 40});
+  constexpr int64_t H = kVsaH, NQ = kVsaNq, NKV = kVsaNkv;
+  const VsaLists lists;
+  const HostTensor &idx = lists.idx, &num = lists.num, &sizes = lists.sizes;
   r->dq = HostTensor(kDtype, {1, H, 64 * NQ, D});
   r->dk = HostTensor(kDtype, {1, H, 64 * NKV, D});
   r->dv = HostTensor(kDtype, {1, H, 64 * NKV, D});

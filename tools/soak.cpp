@@ -122,7 +122,7 @@ class Problem {
   void adopt(int i, void* s) {
     Tensor& x = tensors_[static_cast<size_t>(i)];
     x.bytes = download(i, s);
-    x.host.data = x.bytes.data();  // the new buffer: the old one is gone
+    x.host.data = x.bytes.data();  // the host descriptor follows its bytes
     x.output = false;
   }
 

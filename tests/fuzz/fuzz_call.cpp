@@ -646,4 +646,11 @@ void decode_tile_plan(ByteReader& in, TilePlanStep* s) {
   s->nulls = in.u8();
 }
 
+void* HostMemory::alloc(size_t bytes) {
+  void* p = nullptr;
+  return posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
+}
+
+void HostMemory::release(void* p) { std::free(p); }
+
 }  // namespace fvafuzz

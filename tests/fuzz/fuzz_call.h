@@ -135,6 +135,14 @@ class Memory {
   virtual size_t cap() const = 0;         // the largest buffer the preparation may ask for
 };
 
+// Host memory for a preparation on the CPU backend, as large as an arena at most.
+class HostMemory final : public Memory {
+ public:
+  void* alloc(size_t bytes) override;
+  void release(void* p) override;
+  size_t cap() const override { return kArenaCap; }
+};
+
 // What an operation does to its arenas before the call under test, on handle h (part of the
 // arrangement, so before the snapshot): the VSA layer's backward runs a forward over the call's
 // own arguments to fill its reserve, by prepare_mode. A no-op for every other operation.

@@ -71,17 +71,6 @@ void check_status(fva_status_t st, const char* op, bool query = false) {
     finding(fmt::format("{} failed with {} but fva_last_error() is empty", op, fva_status_string(st)));
 }
 
-// Host memory for what a call prepares (prepare_call), as large as an arena at most.
-class HostMemory final : public Memory {
- public:
-  void* alloc(size_t bytes) override {
-    void* p = nullptr;
-    return posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
-  }
-  void release(void* p) override { std::free(p); }
-  size_t cap() const override { return kArenaCap; }
-};
-
 // ---- running a call -------------------------------------------------------------------------------
 
 // Decodes one tensor operation of kind k, runs it on the CPU handle and checks the contract.

@@ -150,17 +150,6 @@ class CudaTarget final : public Target {
   std::string describe_;
 };
 
-// Host memory for the CPU side's preparation, as the fuzz target allocates it.
-class HostMemory final : public Memory {
- public:
-  void* alloc(size_t bytes) override {
-    void* p = nullptr;
-    return posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
-  }
-  void release(void* p) override { std::free(p); }
-  size_t cap() const override { return kArenaCap; }
-};
-
 // Buffers of the target's memory, released at the end of a call.
 class TargetBuffers {
  public:

@@ -12,32 +12,14 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import fvattn  # noqa: E402
 import fvattn.jax as fj  # noqa: E402
+from jax_devices import assert_same, loss_of, mesh_of, normal  # noqa: E402
 
 SEQ = P(None, None, "sp")  # [B, H, S, D] with S sharded
 WHOLE = P()
-
-
-def mesh_of(n):
-    if len(jax.devices()) < n:
-        pytest.skip(f"needs {n} host devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), "
-                    f"has {len(jax.devices())}")
-    return Mesh(np.array(jax.devices()[:n]), ("sp",))
-
-
-def normal(rng, shape, dtype=jnp.bfloat16):
-    return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
-
-
-def assert_same(got, want):
-    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
-
-
-def loss_of(fn):
-    return lambda *args: jnp.sum(fn(*args).astype(jnp.float32) * jnp.linspace(-1, 1, args[0].shape[-1]))
 
 
 @pytest.mark.parametrize("n", [2, 4])

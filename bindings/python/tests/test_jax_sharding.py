@@ -12,28 +12,18 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import fvattn  # noqa: E402
 import fvattn.jax as fj  # noqa: E402
+from jax_devices import assert_same, loss_of, mesh_of, normal  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce")
 
 
 @pytest.fixture(scope="module")
 def mesh():
-    if len(jax.devices()) < 8:
-        pytest.skip(f"needs 8 host devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), "
-                    f"has {len(jax.devices())}")
-    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
-
-
-def normal(rng, shape, dtype=jnp.bfloat16):
-    return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
-
-
-def assert_same(got, want):
-    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
+    return mesh_of(8, (2, 4), ("dp", "tp"))
 
 
 def put(mesh, x, spec):
@@ -43,10 +33,6 @@ def put(mesh, x, spec):
 def collectives(fn, *args):
     hlo = jax.jit(fn).lower(*args).compile().as_text()
     return [c for c in COLLECTIVES if c in hlo]
-
-
-def loss_of(fn):
-    return lambda *args: jnp.sum(fn(*args).astype(jnp.float32) * jnp.linspace(-1, 1, args[0].shape[-1]))
 
 
 @pytest.mark.parametrize("quantize", [False, True])
