@@ -86,9 +86,16 @@ class HostTarget final : public Target {
   }
   void release(void* p) override { std::free(p); }
   size_t cap() const override { return kArenaCap; }
-  void upload(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void download(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  void fill(void* dst, uint8_t byte, size_t n) override { std::memset(dst, byte, n); }
+  // Empty copies may come with null pointers, which memcpy and memset may not be given.
+  void upload(void* dst, const void* src, size_t n) override {
+    if (n > 0) std::memcpy(dst, src, n);
+  }
+  void download(void* dst, const void* src, size_t n) override {
+    if (n > 0) std::memcpy(dst, src, n);
+  }
+  void fill(void* dst, uint8_t byte, size_t n) override {
+    if (n > 0) std::memset(dst, byte, n);
+  }
   std::string sync() override { return ""; }
 };
 
