@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <fvattn/fvattn.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -76,4 +77,34 @@ TEST_CASE("handles created and destroyed on many threads stay independent") {
   info.struct_size = sizeof info;
   CHECK(fva_get_info(keep, &info) == FVA_OK);
   CHECK(fva_destroy(keep) == FVA_OK);
+}
+
+TEST_CASE("more live handles than the registry's table holds: each is live until destroyed, once") {
+  // The lock-free table holds 4096 (src/core/handle_registry.cpp); the rest overflow.
+  std::vector<fva_handle_t> hs(4500, nullptr);
+  for (fva_handle_t& h : hs) h = cpu_handle();
+  int live = 0;
+  for (fva_handle_t h : hs) {
+    fva_handle_info_t info{};
+    info.struct_size = sizeof info;
+    live += fva_get_info(h, &info) == FVA_OK;
+  }
+  CHECK(live == 4500);
+  int destroyed = 0, refused = 0;
+  for (fva_handle_t h : hs) destroyed += fva_destroy(h) == FVA_OK;
+  for (fva_handle_t h : hs) refused += fva_destroy(h) == FVA_ERR_INVALID_ARGUMENT;
+  CHECK(destroyed == 4500);
+  CHECK(refused == 4500);
+}
+
+TEST_CASE("two threads destroying one handle: one succeeds, the other is refused") {
+  for (int round = 0; round < 200; ++round) {
+    fva_handle_t h = cpu_handle();
+    std::atomic<int> ok{0};
+    std::thread a([&] { ok += fva_destroy(h) == FVA_OK; });
+    std::thread b([&] { ok += fva_destroy(h) == FVA_OK; });
+    a.join();
+    b.join();
+    REQUIRE(ok.load() == 1);
+  }
 }
