@@ -213,33 +213,49 @@ struct VsaLists {
     sizes.fill_i32({64, 64, 40});
   }
 };
-bool run_vsa(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-             const HostTensor& dout, VsaRun* r) {
+
+// The VSA backward over given o and lse (run_vsa's lists).
+bool run_vsa_backward(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                      const HostTensor& o, const HostTensor& lse, const HostTensor& dout, VsaRun* r) {
   constexpr int64_t H = kVsaH, NQ = kVsaNq, NKV = kVsaNkv;
   const VsaLists lists;
   const HostTensor &idx = lists.idx, &num = lists.num, &sizes = lists.sizes;
-  r->o = HostTensor(kDtype, {1, H, 64 * NQ, D});
-  r->lse = HostTensor(FVA_DTYPE_F32, {1, H, 64 * NQ});
   r->dq = HostTensor(kDtype, {1, H, 64 * NQ, D});
   r->dk = HostTensor(kDtype, {1, H, 64 * NKV, D});
   r->dv = HostTensor(kDtype, {1, H, 64 * NKV, D});
   Session x(b);
-  const fva_tensor_t *tq = x.in(q), *tk = x.in(k), *tv = x.in(v), *tdo = x.in(dout), *ti = x.in(idx),
-                     *tn = x.in(num), *ts = x.in(sizes);
-  const fva_tensor_t *to = x.out(r->o), *tl = x.out(r->lse), *tdq = x.out(r->dq), *tdk = x.out(r->dk),
-                     *tdv = x.out(r->dv);
+  const fva_tensor_t *tq = x.in(q), *tk = x.in(k), *tv = x.in(v), *to = x.in(o), *tl = x.in(lse),
+                     *tdo = x.in(dout), *ti = x.in(idx), *tn = x.in(num), *ts = x.in(sizes);
+  const fva_tensor_t *tdq = x.out(r->dq), *tdk = x.out(r->dk), *tdv = x.out(r->dv);
   const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-  size_t fb = 0, bb = 0;
-  if (!ok_or_skip(b, fva_vsa_forward_workspace_size(x.h(), &cfg, tq, tk, tv, ti, &fb), "vsa forward size") ||
-      !ok_or_skip(b, fva_vsa_forward(x.h(), &cfg, tq, tk, tv, ti, tn, ts, to, tl, x.workspace(fb), fb, nullptr),
-                  "fva_vsa_forward") ||
-      !ok_or_skip(b, fva_vsa_backward_workspace_size(x.h(), &cfg, tq, tk, tv, ti, &bb), "vsa backward size") ||
+  size_t bb = 0;
+  if (!ok_or_skip(b, fva_vsa_backward_workspace_size(x.h(), &cfg, tq, tk, tv, ti, &bb), "vsa backward size") ||
       !ok_or_skip(b, fva_vsa_backward(x.h(), &cfg, tq, tk, tv, to, tl, tdo, ti, tn, ts, tdq, tdk, tdv,
                                       x.workspace(bb), bb, nullptr),
                   "fva_vsa_backward"))
     return false;
   x.finish();
   return true;
+}
+
+// The VSA forward, then its backward over the forward's o and lse.
+bool run_vsa(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+             const HostTensor& dout, VsaRun* r) {
+  const VsaLists lists;
+  r->o = HostTensor(kDtype, {1, kVsaH, 64 * kVsaNq, D});
+  r->lse = HostTensor(FVA_DTYPE_F32, {1, kVsaH, 64 * kVsaNq});
+  Session x(b);
+  const fva_tensor_t *tq = x.in(q), *tk = x.in(k), *tv = x.in(v), *ti = x.in(lists.idx),
+                     *tn = x.in(lists.num), *ts = x.in(lists.sizes);
+  const fva_tensor_t *to = x.out(r->o), *tl = x.out(r->lse);
+  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
+  size_t fb = 0;
+  if (!ok_or_skip(b, fva_vsa_forward_workspace_size(x.h(), &cfg, tq, tk, tv, ti, &fb), "vsa forward size") ||
+      !ok_or_skip(b, fva_vsa_forward(x.h(), &cfg, tq, tk, tv, ti, tn, ts, to, tl, x.workspace(fb), fb, nullptr),
+                  "fva_vsa_forward"))
+    return false;
+  x.finish();
+  return run_vsa_backward(b, q, k, v, r->o, r->lse, dout, r);
 }
 
 TEST_CASE("NaN rule: VSA gives a row with a NaN in q NaN outputs, not an empty row's") {
@@ -290,30 +306,6 @@ TEST_CASE("NaN rule: VSA gives a row with a NaN in q NaN outputs, not an empty r
       CHECK(all_finite_except(run.o, 0, 64, 128));
     }
   }
-}
-
-// The VSA backward alone over given o and lse (the layout of run_vsa).
-bool run_vsa_backward(Backend& b, const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                      const HostTensor& o, const HostTensor& lse, const HostTensor& dout, VsaRun* r) {
-  constexpr int64_t H = kVsaH, NQ = kVsaNq, NKV = kVsaNkv;
-  const VsaLists lists;
-  const HostTensor &idx = lists.idx, &num = lists.num, &sizes = lists.sizes;
-  r->dq = HostTensor(kDtype, {1, H, 64 * NQ, D});
-  r->dk = HostTensor(kDtype, {1, H, 64 * NKV, D});
-  r->dv = HostTensor(kDtype, {1, H, 64 * NKV, D});
-  Session x(b);
-  const fva_tensor_t *tq = x.in(q), *tk = x.in(k), *tv = x.in(v), *to = x.in(o), *tl = x.in(lse),
-                     *tdo = x.in(dout), *ti = x.in(idx), *tn = x.in(num), *ts = x.in(sizes);
-  const fva_tensor_t *tdq = x.out(r->dq), *tdk = x.out(r->dk), *tdv = x.out(r->dv);
-  const fva_vsa_config_t cfg = FVA_VSA_CONFIG_INIT;
-  size_t bb = 0;
-  if (!ok_or_skip(b, fva_vsa_backward_workspace_size(x.h(), &cfg, tq, tk, tv, ti, &bb), "vsa backward size") ||
-      !ok_or_skip(b, fva_vsa_backward(x.h(), &cfg, tq, tk, tv, to, tl, tdo, ti, tn, ts, tdq, tdk, tdv,
-                                      x.workspace(bb), bb, nullptr),
-                  "fva_vsa_backward"))
-    return false;
-  x.finish();
-  return true;
 }
 
 // An lse of -inf is the mark of a row that saw no key (what the forward leaves for one): the

@@ -593,6 +593,39 @@ int cmd_demo(DemoOptions& d) {
   return all ? 0 : 1;
 }
 
+// Whether `fvattn <cmd>` can run on this machine's GPU: a device, a kernel image for it, and a
+// build with CUDA; when not, it says which is missing on stderr. `what` says what the command does
+// with the GPU, `advice` ends the no-GPU message.
+bool gpu_can_run(const char* cmd, const char* what, const char* advice) {
+  std::string why;
+  fva_handle_t h = probe_gpu(&why);
+  if (h == nullptr) {
+    fmt::print(stderr, "fvattn {}: no GPU found ({}).\n{} {} and needs an NVIDIA GPU with its driver{}.\n",
+               cmd, why, cmd, what, advice);
+    return false;
+  }
+  fva_handle_info_t info{};
+  info.struct_size = sizeof info;
+  check(fva_get_info(h, &info), "fva_get_info");
+  fva_destroy(h);
+#if FVATTN_TOOLS_GPU
+  if (std::strcmp(info.image, "none") == 0) {
+    fmt::print(stderr,
+               "fvattn {}: GPU {} (sm_{}{}) found, but this build has no kernel image for it; "
+               "rebuild with its architecture in FVATTN_SASS_ARCHS.\n",
+               cmd, info.device_name, info.sm_major, info.sm_minor);
+    return false;
+  }
+  return true;
+#else
+  fmt::print(stderr,
+             "fvattn {}: GPU {} found, but this fvattn was built without CUDA (FVATTN_CUDA=OFF); "
+             "rebuild with -DFVATTN_CUDA=ON to run {}.\n",
+             cmd, info.device_name, cmd);
+  return false;
+#endif
+}
+
 // `fvattn bench`: parsed here in every build (its --help works without CUDA); it runs only on a GPU.
 int cmd_bench(fvtool::BenchOptions& o, const fvtool::BenchParse& p) {
   const std::string bad = fvtool::finish_bench_options(o, p);
@@ -600,69 +633,22 @@ int cmd_bench(fvtool::BenchOptions& o, const fvtool::BenchParse& p) {
     fmt::print(stderr, "fvattn bench: {}\nRun 'fvattn bench --help' for its options.\n", bad);
     return 2;
   }
-  std::string why;
-  fva_handle_t h = probe_gpu(&why);
-  if (h == nullptr) {
-    fmt::print(stderr,
-               "fvattn bench: no GPU found ({}).\nbench times the CUDA kernels and needs an NVIDIA GPU "
-               "with its driver; run it on such a machine, or run 'fvattn demo' to check the library "
-               "on the CPU backend here.\n",
-               why);
+  if (!gpu_can_run("bench", "times the CUDA kernels",
+                   "; run it on such a machine, or run 'fvattn demo' to check the library on the CPU "
+                   "backend here"))
     return 1;
-  }
-  fva_handle_info_t info{};
-  info.struct_size = sizeof info;
-  check(fva_get_info(h, &info), "fva_get_info");
-  fva_destroy(h);
 #if FVATTN_TOOLS_GPU
-  if (std::strcmp(info.image, "none") == 0) {
-    fmt::print(stderr,
-               "fvattn bench: GPU {} (sm_{}{}) found, but this build has no kernel image for it; "
-               "rebuild with its architecture in FVATTN_SASS_ARCHS.\n",
-               info.device_name, info.sm_major, info.sm_minor);
-    return 1;
-  }
   return fvtool::cmd_bench(o);
 #else
-  fmt::print(stderr,
-             "fvattn bench: GPU {} found, but this fvattn was built without CUDA (FVATTN_CUDA=OFF); "
-             "rebuild with -DFVATTN_CUDA=ON to run bench.\n",
-             info.device_name);
-  return 1;
+  return 1;  // gpu_can_run says no in a build without CUDA
 #endif
 }
 
 // `fvattn soak`: on a GPU, or with --backend cpu on the CPU backend in any build.
 int cmd_soak_on_gpu(const fvtool::SoakOptions& o) {
   if (o.backend == "cpu") return fvtool::cmd_soak(o);
-  std::string why;
-  fva_handle_t h = probe_gpu(&why);
-  if (h == nullptr) {
-    fmt::print(stderr,
-               "fvattn soak: no GPU found ({}).\nsoak runs the CUDA kernels and needs an NVIDIA GPU with "
-               "its driver.\n",
-               why);
-    return 1;
-  }
-  fva_handle_info_t info{};
-  info.struct_size = sizeof info;
-  check(fva_get_info(h, &info), "fva_get_info");
-  fva_destroy(h);
-#if FVATTN_TOOLS_GPU
-  if (std::strcmp(info.image, "none") == 0) {
-    fmt::print(stderr, "fvattn soak: GPU {} (sm_{}{}) found, but this build has no kernel image for it.\n",
-               info.device_name, info.sm_major, info.sm_minor);
-    return 1;
-  }
+  if (!gpu_can_run("soak", "runs the CUDA kernels", "")) return 1;
   return fvtool::cmd_soak(o);
-#else
-  (void)o;
-  fmt::print(stderr,
-             "fvattn soak: GPU {} found, but this fvattn was built without CUDA (FVATTN_CUDA=OFF); "
-             "rebuild with -DFVATTN_CUDA=ON to run soak.\n",
-             info.device_name);
-  return 1;
-#endif
 }
 
 }  // namespace

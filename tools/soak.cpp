@@ -169,15 +169,7 @@ Shape random_shape(Rng& r) {
 }
 
 fva_tensor_t attn(const Shape& s, int64_t H, int64_t S) {
-  fva_tensor_t t{};
-  t.dtype = s.dtype;
-  t.rank = 4;
-  t.shape[0] = s.B, t.shape[1] = H, t.shape[2] = S, t.shape[3] = s.D;
-  const int64_t row = s.D + s.pad;
-  t.strides[3] = 1;
-  if (s.bshd) t.strides[1] = row, t.strides[2] = H * row, t.strides[0] = S * H * row;
-  else t.strides[2] = row, t.strides[1] = S * row, t.strides[0] = H * S * row;
-  return t;
+  return fvadesc::attention_layout(nullptr, s.dtype, s.B, H, S, s.D, s.bshd, s.pad);
 }
 
 fva_tensor_t dense(int32_t dtype, const std::vector<int64_t>& shape) { return fvadesc::contiguous(nullptr, dtype, shape); }

@@ -53,18 +53,7 @@ Dims read_layout(ByteReader& in) {
 
 // [B, H, S, D] in the chosen layout, every row followed by `pad` unused elements.
 fva_tensor_t attn(const Dims& d, int64_t H, int64_t S) {
-  fva_tensor_t t{};
-  t.dtype = d.dtype;
-  t.rank = 4;
-  t.shape[0] = d.B, t.shape[1] = H, t.shape[2] = S, t.shape[3] = d.D;
-  const int64_t row = d.D + d.pad;
-  t.strides[3] = 1;
-  if (d.bshd) {
-    t.strides[1] = row, t.strides[2] = H * row, t.strides[0] = S * H * row;
-  } else {
-    t.strides[2] = row, t.strides[1] = S * row, t.strides[0] = H * S * row;
-  }
-  return t;
+  return fvadesc::attention_layout(nullptr, d.dtype, d.B, H, S, d.D, d.bshd, d.pad);
 }
 
 // A contiguous tensor; its data pointer is set by Arenas::place.

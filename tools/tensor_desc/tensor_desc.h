@@ -45,6 +45,25 @@ inline fva_tensor_t contiguous(void* data, int32_t dtype, const std::vector<int6
   return t;
 }
 
+// The descriptor of a [B, H, S, D] attention tensor at `data` stored BHSD (bshd false) or BSHD (true),
+// every row of D elements followed by `pad` unused ones.
+inline fva_tensor_t attention_layout(void* data, int32_t dtype, int64_t B, int64_t H, int64_t S, int64_t D,
+                                     bool bshd, int64_t pad) {
+  fva_tensor_t t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = 4;
+  t.shape[0] = B, t.shape[1] = H, t.shape[2] = S, t.shape[3] = D;
+  const int64_t row = D + pad;
+  t.strides[3] = 1;
+  if (bshd) {
+    t.strides[1] = row, t.strides[2] = H * row, t.strides[0] = S * H * row;
+  } else {
+    t.strides[2] = row, t.strides[1] = S * row, t.strides[0] = H * S * row;
+  }
+  return t;
+}
+
 // The bytes a contiguous tensor of `shape` and `dtype` occupies (its elements times dtype_size).
 inline size_t contiguous_bytes(int32_t dtype, const std::vector<int64_t>& shape) {
   size_t n = dtype_size(dtype);
