@@ -50,6 +50,15 @@ def test_ring_equals_one_device(n, causal):
     assert "all-gather" not in hlo and "all-to-all" not in hlo
 
 
+def test_ring_default_is_plain_attention():
+    mesh = mesh_of(2)
+    rng = np.random.default_rng()
+    q = normal(rng, (1, 2, 256, 64))
+    ring = jax.jit(jax.shard_map(lambda q: fj.parallel.ring_attention(q, q, q, "sp"), mesh=mesh,
+                                 in_specs=(SEQ,), out_specs=SEQ))
+    assert rel_l2(ring(q), fj.qat_attention(q, q, q, fvattn.QatConfig(quantize=False))) <= 1e-2
+
+
 def test_ring_refuses_quantized_attention():
     mesh = mesh_of(2)
     q = jnp.zeros((1, 2, 128, 64), jnp.bfloat16)

@@ -25,6 +25,7 @@ outputs exactly through their lse; the backward passes k, v around again with th
 serves any head count (no head split), for plain attention (config.quantize False: NVFP4's
 quantized P depends on the rows' running maximum, which a ring changes), causal too.
 """
+import dataclasses
 import functools
 
 import jax
@@ -102,9 +103,8 @@ def _merge(o1, l1, o2, l2):
     return o, jnp.where(total > 0, safe + jnp.log2(jnp.where(total > 0, total, 1.0)), -jnp.inf)
 
 
-def _ring_configs(config):
-    """The C configs of a ring's blocks: (full, causal diagonal), and whether it is causal."""
-    from . import _primitives
+def _ring_config(config):
+    """The QatConfig a ring computes (None: plain attention), refused where a ring cannot."""
     cfg = QatConfig(quantize=False) if config is None else coerce(config, QatConfig)
     if cfg.quantize:
         raise invalid_argument("ring_attention: config.quantize must be False (plain attention): NVFP4's "
@@ -114,7 +114,13 @@ def _ring_configs(config):
         raise invalid_argument("ring_attention: config.smooth_k subtracts K's mean over the whole "
                                "sequence, which no device holds; it changes no output of plain "
                                "attention, so leave it False")
-    import dataclasses
+    return cfg
+
+
+def _ring_configs(cfg):
+    """The C configs of a ring's blocks for a checked QatConfig: (full, causal diagonal), and
+    whether it is causal."""
+    from . import _primitives
     full = dataclasses.replace(cfg, causal=False, high_precision_o=False)
     diag = dataclasses.replace(cfg, causal=True, high_precision_o=False)
     return _primitives.qat_config(full), _primitives.qat_config(diag), cfg.causal
@@ -200,18 +206,18 @@ def _ring_backward(q, k, v, o, lse, dout, axis_name, full, diag, causal):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _ring(q, k, v, axis_name, cfg_key):
-    full, diag, causal = _ring_configs(cfg_key[0])
+    full, diag, causal = _ring_configs(cfg_key.config)
     return _ring_forward(q, k, v, axis_name, full, diag, causal)[0]
 
 
 def _ring_fwd(q, k, v, axis_name, cfg_key):
-    full, diag, causal = _ring_configs(cfg_key[0])
+    full, diag, causal = _ring_configs(cfg_key.config)
     o, lse = _ring_forward(q, k, v, axis_name, full, diag, causal)
     return o, (q, k, v, o, lse)
 
 
 def _ring_bwd(axis_name, cfg_key, res, g):
-    full, diag, causal = _ring_configs(cfg_key[0])
+    full, diag, causal = _ring_configs(cfg_key.config)
     q, k, v, o, lse = res
     return _ring_backward(q, k, v, o, lse, g.astype(q.dtype), axis_name, full, diag, causal)
 
@@ -223,10 +229,7 @@ class _Key:
     """A config as a nondiff argument: compared by value, hashed by its fields."""
 
     def __init__(self, config):
-        self.config = coerce(config, QatConfig)
-
-    def __getitem__(self, i):
-        return self.config
+        self.config = config
 
     def __eq__(self, other):
         return isinstance(other, _Key) and self.config == other.config
@@ -237,11 +240,9 @@ class _Key:
 
 def ring_attention(q, k, v, axis_name, config=None):
     """Plain attention (fvattn.QatConfig with quantize=False, the default here; causal allowed) of
-    sequence shards,
-    inside jax.shard_map with the sequence axis of q, k, v ([B, H, S/n, D]) sharded over axis_name
+    sequence shards, inside jax.shard_map with the sequence axis of q, k, v ([B, H, S/n, D]) sharded over axis_name
     (size n, device i holding tokens [i S/n, (i + 1) S/n)): k and v go around the ring, each device
     merges its q shard's partial outputs exactly through their lse, and the backward sends k, v
     around again with their gradients. Returns the output's sequence shard. The result is the
     single-device one up to the dtype's rounding of the partial outputs (within SPEC's bounds)."""
-    _ring_configs(config)  # refuses what a ring cannot compute, at trace time
-    return _ring(q, k, v, axis_name, _Key(config))
+    return _ring(q, k, v, axis_name, _Key(_ring_config(config)))  # refused at trace time
