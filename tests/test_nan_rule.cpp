@@ -310,7 +310,9 @@ TEST_CASE("NaN rule: VSA gives a row with a NaN in q NaN outputs, not an empty r
 
 // An lse of -inf is the mark of a row that saw no key (what the forward leaves for one): the
 // backward takes its P as 0 on every backend, whatever keys its block lists, so its dq row is 0 and
-// it adds nothing to dk and dv (not 2^(s + inf) = inf, which would make them NaN).
+// it adds nothing to dk and dv (not 2^(s + inf) = inf, which would make them NaN). Its dS is 0 by
+// selection, not P · (dP - Delta): the test gives those rows an o holding inf, so Delta is inf or
+// NaN there.
 TEST_CASE("An lse of -inf marks a row that saw no key: the VSA backward gives it P = 0 on every backend") {
   std::mt19937_64 rng(std::random_device{}());
   constexpr int64_t H = 2;
@@ -328,8 +330,13 @@ TEST_CASE("An lse of -inf marks a row that saw no key: the VSA backward gives it
     for (int64_t s = 64; s < 128; ++s) l[static_cast<size_t>(s)] = -std::numeric_limits<double>::infinity();
     HostTensor lse(FVA_DTYPE_F32, {1, H, 128});
     lse.fill(l);
+    std::vector<double> o_values = full.o.values();
+    for (int64_t s : {int64_t{20}, int64_t{64}, int64_t{100}, int64_t{127}})
+      o_values[static_cast<size_t>(s * D + 3)] = std::numeric_limits<double>::infinity();
+    HostTensor o(full.o.dtype(), {1, H, 128, D});
+    o.fill(o_values);
     VsaRun run;
-    if (!run_vsa_backward(b, q, k, v, full.o, lse, dout, &run)) continue;
+    if (!run_vsa_backward(b, q, k, v, o, lse, dout, &run)) continue;
     const std::vector<double> dq = run.dq.values();
     bool zero_rows = true;
     for (int64_t s : {int64_t{20}, int64_t{64}, int64_t{100}, int64_t{127}})

@@ -233,8 +233,8 @@ __device__ __forceinline__ void attention_backward_dq(const kern::AttentionParam
         const int r = e >> 1;
         const bool vis = sched.visible(row_base + 8 * r, k0 + slot, slot, n_valid) &&
                          lse[r] != -CUDART_INF_F;
-        const float pv = vis ? fast_exp2(fmaf(s[j][e], p.scale_log2, -lse[r])) : 0.0f;
-        ds[e] = T::round(pv * (dp[j][e] - delta[r]));
+        const float pv = fast_exp2(fmaf(s[j][e], p.scale_log2, -lse[r]));
+        ds[e] = vis ? T::round(pv * (dp[j][e] - delta[r])) : 0.0f;
         ds_sum[r] += ds[e];
       }
       pack_a_tile<T>(a_ds, j, ds);
@@ -399,7 +399,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
         const bool vis = cur.row0 + col < p.Sq && l != -CUDART_INF_F &&
                          sched.visible(cur.row0 + col, k0 + key_slot, key_slot, n_keys);
         pt[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
-        ds[e] = T::round(pt[j][e] * (dpt[j][e] - delta_t[col]));
+        ds[e] = vis ? T::round(pt[j][e] * (dpt[j][e] - delta_t[col])) : 0.0f;
       }
       pack_a_tile<T>(a_ds, j, ds);
     }

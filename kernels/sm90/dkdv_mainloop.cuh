@@ -59,12 +59,13 @@ struct DkdvConsumerView {
   const int& n_keys;
 
   // Pᵀ of a query tile from Sᵀ (masked entries 0), lse_of its columns' lse; this thread's query
-  // columns of the tile are 8j + 2t + {0, 1}, from row0. A tile the schedule says is wholly visible
-  // (kAllVisible) is compiled without the per-element checks (about 5 integer and predicate
-  // instructions per element).
+  // columns of the tile are 8j + 2t + {0, 1}, from row0. Returns which entries are visible (bit
+  // 4j + e of st[j][e]). A tile the schedule says is wholly visible (kAllVisible) is compiled
+  // without the per-element checks (about 5 integer and predicate instructions per element).
   template <bool kAllVisible>
-  __device__ __forceinline__ void probabilities(float (&st)[8][4], const float2 (&lse_of)[8],
-                                                int row0) const {
+  __device__ __forceinline__ uint32_t probabilities(float (&st)[8][4], const float2 (&lse_of)[8],
+                                                    int row0) const {
+    uint32_t visible = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 lse = lse_of[j];
@@ -76,8 +77,10 @@ struct DkdvConsumerView {
         const bool vis = kAllVisible || (l != -CUDART_INF_F &&
                                          keys.visible(row, kc0 + key_slot, key_slot, n_keys));
         st[j][e] = vis ? fast_exp2(fmaf(st[j][e], p.scale_log2, -l)) : 0.0f;
+        visible |= static_cast<uint32_t>(vis) << (4 * j + e);
       }
     }
+    return visible;
   }
 
   // dV += Pᵀ dO and dK += dSᵀ Q: k16 steps over the tile's queries (16 rows, 2048 bytes each) of
@@ -214,22 +217,30 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       finite_lse = finite_lse && lse_of[j].x != -CUDART_INF_F && lse_of[j].y != -CUDART_INF_F;
+    // Pᵀ, then dSᵀ = dtype(Pᵀ (dPᵀ - Delta)) from the unquantized Pᵀ. A masked entry's dS is 0 by
+    // selection, never by multiplying: its dPᵀ - Delta may be inf or NaN (a padding slot, or a row
+    // with lse = -inf whose o or dO holds one), as the CPU backend never computes it.
+    auto scores_to_ds = [&](auto all_visible) {
+      constexpr bool kAllVisible = decltype(all_visible)::value;
+      const uint32_t visible = view.template probabilities<kAllVisible>(st, lse_of, c.row0);
+      wgmma_wait<0>();  // dPᵀ
+      fence_registers(dpt_flat);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 delta = *reinterpret_cast<const float2*>(stats + 64 + j * 8 + 2 * t);
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float term = st[j][e] * (dpt[j][e] - ((e & 1) ? delta.y : delta.x));
+          ds[e] = (kAllVisible || ((visible >> (4 * j + e)) & 1u)) ? term : 0.0f;
+        }
+        pack_a_tile<T>(a_ds, j, ds);
+      }
+    };
     if (finite_lse && keys.tile_all_visible(c.row0, n_keys, p.Sq)) {
-      view.template probabilities<true>(st, lse_of, c.row0);
+      scores_to_ds(std::true_type{});
     } else {
-      view.template probabilities<false>(st, lse_of, c.row0);
-    }
-    wgmma_wait<0>();  // dPᵀ
-    fence_registers(dpt_flat);
-
-    // dSᵀ = dtype(Pᵀ (dPᵀ - Delta)) from the unquantized Pᵀ.
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 delta = *reinterpret_cast<const float2*>(stats + 64 + j * 8 + 2 * t);
-      float ds[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[e] = st[j][e] * (dpt[j][e] - ((e & 1) ? delta.y : delta.x));
-      pack_a_tile<T>(a_ds, j, ds);
+      scores_to_ds(std::false_type{});
     }
     // What dV multiplies: FQ_P(P), block scales (a group: this warp's 16 keys of one query
     // column), or P itself.
