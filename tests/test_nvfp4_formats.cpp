@@ -406,7 +406,7 @@ void model_block_group(const float* x, double* out) {
 double header_block_value(const float* x, int i) {
   float amax = 0.0f;
   for (int j = 0; j < 16; ++j) amax = fva::nvfp4_amax_step(amax, x[j]);
-  const fva::Nvfp4Group g = fva::nvfp4_group(amax, 1.0f, 1.0f);
+  const fva::Nvfp4Group g = fva::nvfp4_block_group(amax);
   return fva::round_to_bf16(fva::nvfp4_fake_quant(g, x[i]));
 }
 
@@ -452,26 +452,26 @@ TEST_CASE("nvfp4: every E2M1 tie under every E4M3 scale goes through the fp32 re
 
 TEST_CASE("nvfp4: groups whose scale rounds to 0 decode to exact zeros, never NaN") {
   float zeros[16] = {};
-  const fva::Nvfp4Group gz = fva::nvfp4_group(0.0f, 1.0f, 1.0f);
+  const fva::Nvfp4Group gz = fva::nvfp4_block_group(0.0f);
   CHECK(gz.e4m3 == 0.0f);
   CHECK(gz.reciprocal == 0.0f);
   for (float v : zeros) CHECK(same_value(fva::nvfp4_fake_quant(gz, v), 0.0));
   // amax / 6 at or below 2^-10 rounds the scale to 0 (SPEC: amax*enc/6 < 2^-10 gives zeros).
   const float tiny = 6.0f * std::ldexp(1.0f, -10);
-  const fva::Nvfp4Group gt = fva::nvfp4_group(tiny, 1.0f, 1.0f);
+  const fva::Nvfp4Group gt = fva::nvfp4_block_group(tiny);
   CHECK(gt.e4m3 == 0.0f);
   CHECK(same_value(fva::nvfp4_fake_quant(gt, tiny), 0.0));
   CHECK(same_value(fva::nvfp4_fake_quant(gt, -tiny), 0.0));
   // Tile mode on an all-zero tile: the floored amax keeps enc finite, the scale is 0, no NaN.
-  const float enc = fva::nvfp4_second_level_enc(0.0f);
-  CHECK(std::isfinite(enc));
-  CHECK(enc == fva::kNvfp4SecondLevelTarget / fva::kNvfp4AmaxFloor);
-  const fva::Nvfp4Group g0 = fva::nvfp4_group(0.0f, enc, 1.0f / enc);
+  const fva::Nvfp4SecondLevel floor_level = fva::nvfp4_second_level(0.0f);
+  CHECK(std::isfinite(floor_level.enc));
+  CHECK(floor_level.enc == fva::fastvideo_div(fva::kNvfp4SecondLevelTarget, fva::kNvfp4AmaxFloor));
+  const fva::Nvfp4Group g0 = fva::nvfp4_group(0.0f, floor_level);
   CHECK(same_value(fva::nvfp4_fake_quant(g0, 0.0f), 0.0));
   CHECK(same_value(fva::nvfp4_fake_quant(g0, -0.0f), 0.0));
   // Just above the threshold the scale is the smallest subnormal and values survive.
   const float small = 6.0f * std::ldexp(1.0f, -9);
-  const fva::Nvfp4Group gs = fva::nvfp4_group(small, 1.0f, 1.0f);
+  const fva::Nvfp4Group gs = fva::nvfp4_block_group(small);
   CHECK(gs.e4m3 == std::ldexp(1.0f, -9));
   CHECK(fva::nvfp4_fake_quant(gs, small) == small);
 }
@@ -484,7 +484,7 @@ TEST_CASE("nvfp4: sign of zero, NaN and inf inputs, the amax ignores NaN") {
   CHECK(amax == 7.5f);
   CHECK(fva::nvfp4_amax_step(amax, std::numeric_limits<float>::quiet_NaN()) == 7.5f);
   CHECK(fva::nvfp4_amax_step(amax, -8.0f) == 8.0f);
-  const fva::Nvfp4Group g = fva::nvfp4_group(amax, 1.0f, 1.0f);
+  const fva::Nvfp4Group g = fva::nvfp4_block_group(amax);
   CHECK(g.e4m3 == 1.25f);  // e4m3(7.5 / 6) = 1.25 exactly
   // A value far below the scale quantizes to a zero with its own sign.
   CHECK(same_value(fva::nvfp4_fake_quant(g, -0.01f), -0.0));
@@ -498,14 +498,16 @@ TEST_CASE("nvfp4: sign of zero, NaN and inf inputs, the amax ignores NaN") {
   CHECK(fva::nvfp4_fake_quant(g, std::numeric_limits<float>::quiet_NaN()) == 7.5f);
   CHECK(fva::nvfp4_fake_quant(g, -std::numeric_limits<float>::quiet_NaN()) == -7.5f);
   // A group holding an infinity gets the largest scale, 448, and every finite value stays finite.
-  const fva::Nvfp4Group gi = fva::nvfp4_group(std::numeric_limits<float>::infinity(), 1.0f, 1.0f);
+  const fva::Nvfp4Group gi = fva::nvfp4_block_group(std::numeric_limits<float>::infinity());
   CHECK(gi.e4m3 == 448.0f);
   CHECK(fva::nvfp4_fake_quant(gi, 1.0f) == 0.0f);
 }
 
 TEST_CASE("nvfp4 tile mode: enc, dec and the decode follow the header's fp32 contract") {
-  // Tile mode: s = e4m3(amax / 6 * enc), r = fl(1 / fl(s * dec)), and nvfp4_fake_quant returns
-  // fl(fl(e2m1(x * r) * s) * dec) in fp32 (callers then round to the dtype); e2m1 * s is exact.
+  // Tile mode: s = e4m3(amax / 6 * enc), r = 1 / fl(s * dec), every division FastVideo's (div), and
+  // nvfp4_fake_quant returns fl(fl(e2m1(x * r) * s) * dec) in fp32 (callers then round to the
+  // dtype); e2m1 * s is exact.
+  const auto div = [](float a, float b) { return fva::fastvideo_div(a, b); };
   const auto e4 = e4m3_magnitudes();
   const auto e2 = e2m1_magnitudes();
   std::mt19937 rng(5u);
@@ -517,14 +519,17 @@ TEST_CASE("nvfp4 tile mode: enc, dec and the decode follow the header's fp32 con
     float tile_amax = 0.0f, amax = 0.0f;
     for (float v : x) amax = std::max(amax, std::fabs(v));
     tile_amax = amax * (1.0f + static_cast<float>(trial % 5));  // this group is not always the tile's max
-    const float enc = 2688.0f / tile_amax, dec = 1.0f / enc;
-    CHECK(fva::nvfp4_second_level_enc(tile_amax) == enc);
-    const double s = nearest_even(e4, (amax / 6.0f) * enc);
+    const float enc = div(2688.0f, tile_amax), dec = div(1.0f, enc);
+    const fva::Nvfp4SecondLevel second = fva::nvfp4_second_level(tile_amax);
+    CHECK(second.tile);
+    CHECK(second.enc == enc);
+    CHECK(second.dec == dec);
+    const double s = nearest_even(e4, div(amax, 6.0f) * enc);
     const float scale = static_cast<float>(s) * dec;
-    const fva::Nvfp4Group g = fva::nvfp4_group(amax, enc, dec);
-    mismatches += g.e4m3 != static_cast<float>(s) || g.dec != dec || g.reciprocal != 1.0f / scale;
+    const fva::Nvfp4Group g = fva::nvfp4_group(amax, second);
+    mismatches += g.e4m3 != static_cast<float>(s) || g.dec != dec || g.reciprocal != div(1.0f, scale);
     for (float v : x) {
-      const float y = v * (1.0f / scale);
+      const float y = v * div(1.0f, scale);
       const double mag = nearest_even(e2, std::fabs(static_cast<double>(y)));
       const double exact_es = (std::signbit(y) ? -mag : mag) * s;  // exact in double and in fp32
       const float want = static_cast<float>(exact_es) * dec;
@@ -549,4 +554,56 @@ TEST_CASE("the owned-group key order: a bijection of 64 keys, each NVFP4 group i
   for (int t = 0; t < 4; ++t)
     for (int j = 0; j < 8; ++j)
       for (int e = 0; e < 2; ++e) CHECK(fva::key_of_owned_slot(8 * j + 2 * t + e) / 16 == t);
+}
+
+TEST_CASE("FastVideo's division on the host: the measured MUFU.RCP table and div.full.f32's ranges") {
+  // The embedded table as measured: 2 bits for each of 2^23 fractions, and how many are off by one
+  // ulp either way (the probe's counts: a checksum of the data, not a property of division).
+  REQUIRE(fva::mufu_reciprocal_table_bytes() == (size_t{1} << 21));
+  long long count[4] = {0, 0, 0, 0};
+  for (uint32_t f = 0; f < (1u << 23); ++f) ++count[fva::mufu_reciprocal_table_code(f)];
+  CHECK(count[0] == 7280086);
+  CHECK(count[1] == 733799);
+  CHECK(count[2] == 374723);
+  CHECK(count[3] == 0);
+
+  // Within one ulp of the exact reciprocal, sign and exponent applied (PTX: rcp.approx.f32's error
+  // is at most one ulp), and exact at powers of two.
+  std::mt19937 rng(11u);
+  std::uniform_int_distribution<uint32_t> fraction(0, (1u << 23) - 1);
+  std::uniform_int_distribution<int> exponent(1, 252);  // |y| < 2^126
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t bits = (static_cast<uint32_t>(exponent(rng)) << 23) | fraction(rng) | (i % 2 ? 0x80000000u : 0u);
+    float y;
+    std::memcpy(&y, &bits, 4);
+    const double exact = 1.0 / static_cast<double>(y);
+    const float r = fva::mufu_reciprocal(y);
+    const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+    REQUIRE(std::fabs(static_cast<double>(r) - exact) <= ulp);
+  }
+  CHECK(fva::mufu_reciprocal(0x1p126f) == 0x1p-126f);
+  CHECK(fva::mufu_reciprocal(-0x1p-126f) == -0x1p126f);
+  CHECK(fva::mufu_reciprocal(1.0f) == 1.0f);
+
+  // div.full.f32's ranges: |y| > 2^126 and subnormal y are scaled by 1/4 and 2^24 first; zero, inf
+  // and NaN divide as IEEE says.
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(fva::fastvideo_div(0x1p127f, 0x1p127f) == 1.0f);
+  CHECK(fva::fastvideo_div(1.0f, 0x1p127f) == 0x1p-127f);  // a subnormal quotient
+  CHECK(fva::fastvideo_div(0x1p-140f, 0x1p-140f) == 1.0f);
+  CHECK(fva::fastvideo_div(1.0f, 0.0f) == inf);
+  CHECK(fva::fastvideo_div(-1.0f, 0.0f) == -inf);
+  CHECK(std::isnan(fva::fastvideo_div(0.0f, 0.0f)));
+  CHECK(fva::fastvideo_div(5.0f, inf) == 0.0f);
+  CHECK(std::isnan(fva::fastvideo_div(inf, inf)));
+  CHECK(std::isnan(fva::fastvideo_div(1.0f, std::numeric_limits<float>::quiet_NaN())));
+  // Within two ulps of the correctly rounded quotient over NVFP4's ranges (PTX: div.full.f32's bound).
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> e(-30, 30);
+  for (int i = 0; i < 100000; ++i) {
+    const float x = std::ldexp(mant(rng), e(rng)), y = std::ldexp(mant(rng), e(rng));
+    const float q = fva::fastvideo_div(x, y), exact = x / y;
+    const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+    REQUIRE(std::fabs(static_cast<double>(q) - static_cast<double>(exact)) <= 2 * ulp);
+  }
 }

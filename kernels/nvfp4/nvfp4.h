@@ -6,13 +6,18 @@
 // with enc the second-level encode factor (1 in block mode; 2688 / tile-or-row amax otherwise) and
 // dec = 1 / enc. Each value is encoded as e2m1(x * r) with r = 1 / (s * dec) computed from the
 // *rounded* s, and decoded as (e2m1 * s) * dec. A scale that rounds to 0 decodes the group to zeros.
+// Tile and row modes divide as FastVideo's kernels do (fastvideo_division.h: div.full.f32, on the
+// host too); block mode's divisions stay correctly rounded (r = 1 / s is the same either way for
+// every E4M3 s, and its golden cases match FastVideo's bit for bit).
 //
 // Usage, per group:
 //     float amax = 0; for (x in group, valid only) amax = nvfp4_amax_step(amax, x);
-//     Nvfp4Group g = nvfp4_group(amax, enc, dec);
+//     Nvfp4Group g = nvfp4_group(amax, second);   // second: Nvfp4SecondLevel{} in block mode,
+//                                                 // nvfp4_second_level(tile amax) otherwise
 //     for (x in group) out = nvfp4_fake_quant(g, x);   // then round to the tensor dtype
 #pragma once
 
+#include "nvfp4/fastvideo_division.h"
 #include "nvfp4/float_formats.h"
 
 namespace fva {
@@ -34,11 +39,19 @@ FVA_HD float nvfp4_amax_step(float amax, float x) {
 #endif
 }
 
-// Second-level encode factor of a tile (tile mode) or tile row (row mode) from its amax.
-// The CPU reference divides exactly; FastVideo's kernels use the approximate div.full.f32 here,
-// which can move a scale that sits on an E4M3 tie by one step (SPEC.md allows it).
-FVA_HD float nvfp4_second_level_enc(float amax) {
-  return kNvfp4SecondLevelTarget / (amax > kNvfp4AmaxFloor ? amax : kNvfp4AmaxFloor);
+// The second-level factors of a group: enc = dec = 1 in block mode (tile false); in tile and row
+// mode enc = 2688 / max(amax, 1e-8) of the tile or row and dec = 1 / enc, divided as FastVideo does.
+struct Nvfp4SecondLevel {
+  float enc = 1.0f, dec = 1.0f;
+  bool tile = false;
+};
+
+FVA_HD Nvfp4SecondLevel nvfp4_second_level(float amax) {
+  Nvfp4SecondLevel s;
+  s.enc = fastvideo_div(kNvfp4SecondLevelTarget, amax > kNvfp4AmaxFloor ? amax : kNvfp4AmaxFloor);
+  s.dec = fastvideo_div(1.0f, s.enc);
+  s.tile = true;
+  return s;
 }
 
 struct Nvfp4Group {
@@ -62,13 +75,14 @@ FVA_HD float nvfp4_div6(float x) {
 #endif
 }
 
-// The group's scale from its amax. enc = dec = 1 in block mode.
-FVA_HD Nvfp4Group nvfp4_group(float amax, float enc, float dec) {
+// A tile- or row-mode group's scale from its amax: FastVideo's three divisions (amax / 6, and
+// r = 1 / (s * dec) from the rounded s; enc and dec came divided the same way).
+FVA_HD Nvfp4Group nvfp4_tile_group(float amax, const Nvfp4SecondLevel& second) {
   Nvfp4Group g;
-  g.e4m3 = e4m3_round_magnitude(nvfp4_div6(amax) * enc);
-  g.dec = dec;
-  const float sd = g.e4m3 * dec;
-  g.reciprocal = sd > 0.0f ? 1.0f / sd : 0.0f;
+  g.e4m3 = e4m3_round_magnitude(fastvideo_div(amax, 6.0f) * second.enc);
+  g.dec = second.dec;
+  const float sd = g.e4m3 * second.dec;
+  g.reciprocal = sd > 0.0f ? fastvideo_div(1.0f, sd) : 0.0f;
   return g;
 }
 
@@ -88,17 +102,22 @@ __device__ __forceinline__ float nvfp4_block_reciprocal(float s) {
 __device__ float nvfp4_block_reciprocal(float s);  // nvcc's host pass: declared for templates
 #endif
 
-// nvfp4_group in block mode (enc = dec = 1), the form the kernels use for P.
+// A block-mode group's scale from its amax (enc = dec = 1), correctly rounded divisions.
 FVA_HD Nvfp4Group nvfp4_block_group(float amax) {
-#if defined(__CUDA_ARCH__)
   Nvfp4Group g;
   g.e4m3 = e4m3_round_magnitude(nvfp4_div6(amax));
   g.dec = 1.0f;
+#if defined(__CUDA_ARCH__)
   g.reciprocal = nvfp4_block_reciprocal(g.e4m3);
-  return g;
 #else
-  return nvfp4_group(amax, 1.0f, 1.0f);
+  g.reciprocal = g.e4m3 > 0.0f ? 1.0f / g.e4m3 : 0.0f;
 #endif
+  return g;
+}
+
+// The group's scale from its amax, in the mode `second` says.
+FVA_HD Nvfp4Group nvfp4_group(float amax, const Nvfp4SecondLevel& second) {
+  return second.tile ? nvfp4_tile_group(amax, second) : nvfp4_block_group(amax);
 }
 
 // x fake-quantized with its group's scale, in fp32 (callers round to the tensor dtype). The decode

@@ -11,24 +11,15 @@
 
 namespace fva::dev {
 
-// Second-level factors of a tile or row with the given amax (SPEC: enc = 2688 / max(amax, 1e-8),
-// dec = 1 / enc). Divisions are IEEE-exact, as in the CPU reference, so both give the same scales.
-struct SecondLevel {
-  float enc = 1.0f, dec = 1.0f;
-  static __device__ __forceinline__ SecondLevel of(float amax) {
-    SecondLevel s;
-    s.enc = nvfp4_second_level_enc(amax);
-    s.dec = 1.0f / s.enc;
-    return s;
-  }
-};
+// Second-level factors of a tile or row (nvfp4.h: block mode by default).
+using SecondLevel = Nvfp4SecondLevel;
 
 // Quantizes the four values x[0..3] of one group member (already reduced: group_amax is the whole
 // group's amax) in place.
 template <int N>
 __device__ __forceinline__ void fake_quantize_values(float (&x)[N], float group_amax,
                                                      SecondLevel second) {
-  const Nvfp4Group grp = nvfp4_group(group_amax, second.enc, second.dec);
+  const Nvfp4Group grp = nvfp4_group(group_amax, second);
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i] = nvfp4_fake_quant(grp, x[i]);
 }

@@ -435,7 +435,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
           const float amax = column_max(fmaxf(nvfp4_amax_step(0.0f, x[0]), nvfp4_amax_step(0.0f, x[1])));
           const SecondLevel second = kBlockP || p.p_scale == 0
                                          ? SecondLevel{}
-                                         : SecondLevel::of(second_amax[2 * j + c]);
+                                         : nvfp4_second_level(second_amax[2 * j + c]);
           fake_quantize_values(x, amax, second);
           pt[j][c] = x[0];
           pt[j][2 + c] = x[1];

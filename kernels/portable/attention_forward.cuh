@@ -188,7 +188,7 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
               float rmax = 0.0f;
 #pragma unroll
               for (int j = 0; j < kNT; ++j) rmax = fmaxf(rmax, fmaxf(pr[j][2 * r], pr[j][2 * r + 1]));
-              second[r] = SecondLevel::of(quad_max(rmax));
+              second[r] = nvfp4_second_level(quad_max(rmax));
             }
           } else if (p.p_scale == 1) {  // tile: amax over the 32 x 32 tile (this warp and its pair)
             float tmax = 0.0f;
@@ -197,7 +197,7 @@ __device__ __forceinline__ void attention_forward(const kern::AttentionParams& p
 #pragma unroll
               for (int e = 0; e < 4; ++e)
                 if (row_base + 8 * (e >> 1) < p.Sq) tmax = nvfp4_amax_step(tmax, pr[j][e]);
-            second[0] = second[1] = SecondLevel::of(pair_max(warp_max(tmax), amax_slots, amax_use));
+            second[0] = second[1] = nvfp4_second_level(pair_max(warp_max(tmax), amax_slots, amax_use));
           }
         };
         if constexpr (kBlockP) {

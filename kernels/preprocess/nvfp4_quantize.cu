@@ -100,7 +100,7 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
   auto dst = [&](int g) { return y + y_row(s0 + g / row_groups) * job.y.stride_s + (g % row_groups) * 16; };
   auto mean = [&](int g) { return job.mean != nullptr ? job.mean + (g % row_groups) * 16 : nullptr; };
 
-  float enc = 1.0f, dec = 1.0f;
+  Nvfp4SecondLevel second;  // block mode: enc = dec = 1
   if (kTileMode && job.quantize) {  // one second-level scale over the tile's values
     float amax = 0.0f;
     for (int g = lane; g < groups; g += 32) {
@@ -109,8 +109,7 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 #pragma unroll
       for (int i = 0; i < kNvfp4GroupSize; ++i) amax = nvfp4_amax_step(amax, v[i]);
     }
-    enc = nvfp4_second_level_enc(warp_max(amax));
-    dec = 1.0f / enc;
+    second = nvfp4_second_level(warp_max(amax));
   }
   // kBatch groups per lane are loaded, as raw words, before any is written: block mode's unit is
   // one batch, so each warp waits for memory once, and y may be x (each group is read whole before
@@ -134,7 +133,7 @@ __device__ __forceinline__ void quantize_tiles(const kern::QuantizeParams& p) {
 #pragma unroll
         for (int i = 0; i < kNvfp4GroupSize; ++i) amax = nvfp4_amax_step(amax, v[i]);
         // (Block mode: the same scale and reciprocal without the division's slow path, bitwise.)
-        const Nvfp4Group grp = kTileMode ? nvfp4_group(amax, enc, dec) : nvfp4_block_group(amax);
+        const Nvfp4Group grp = kTileMode ? nvfp4_tile_group(amax, second) : nvfp4_block_group(amax);
 #pragma unroll
         for (int i = 0; i < kNvfp4GroupSize; ++i) v[i] = nvfp4_fake_quant(grp, v[i]);
       }

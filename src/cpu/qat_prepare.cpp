@@ -14,12 +14,11 @@ namespace fva::cpu::qat {
 void nvfp4_quantize_token_rows(float* x, int64_t rows, int64_t D, int32_t scale_mode,
                                int32_t dtype) {
   const int64_t n = rows * D;
-  float enc = 1.0f, dec = 1.0f;
+  Nvfp4SecondLevel second;  // block mode: enc = dec = 1
   if (scale_mode == FVA_SCALE_TILE) {
     float amax = 0.0f;
     for (int64_t i = 0; i < n; ++i) amax = nvfp4_amax_step(amax, x[i]);
-    enc = nvfp4_second_level_enc(amax);
-    dec = 1.0f / enc;
+    second = nvfp4_second_level(amax);
   }
   // Rows are contiguous and D is a multiple of 16, so the groups of the flat buffer are exactly the
   // per-token groups along D.
@@ -27,7 +26,7 @@ void nvfp4_quantize_token_rows(float* x, int64_t rows, int64_t D, int32_t scale_
     float* xs = x + g0;
     float amax = 0.0f;
     for (int i = 0; i < kNvfp4GroupSize; ++i) amax = nvfp4_amax_step(amax, xs[i]);
-    const Nvfp4Group g = nvfp4_group(amax, enc, dec);
+    const Nvfp4Group g = nvfp4_group(amax, second);
     for (int i = 0; i < kNvfp4GroupSize; ++i) xs[i] = round_to_dtype(dtype, nvfp4_fake_quant(g, xs[i]));
   }
 }
@@ -35,30 +34,28 @@ void nvfp4_quantize_token_rows(float* x, int64_t rows, int64_t D, int32_t scale_
 void nvfp4_quantize_p_tile(const float* p, float* out, int64_t rows, int64_t cols, int32_t p_scale,
                            int32_t dtype) {
   // Only the real keys of the real rows take part in any max (SPEC: padding is no part of it).
-  float enc = 1.0f, dec = 1.0f;
+  Nvfp4SecondLevel tile;  // block mode: enc = dec = 1
   if (p_scale == FVA_SCALE_TILE) {
     float amax = 0.0f;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) amax = nvfp4_amax_step(amax, p[r * kQatTile + c]);
-    enc = nvfp4_second_level_enc(amax);
-    dec = 1.0f / enc;
+    tile = nvfp4_second_level(amax);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float* pr = p + r * kQatTile;
     float* orow = out + r * kQatTile;
-    float row_enc = enc, row_dec = dec;
+    Nvfp4SecondLevel second = tile;
     if (p_scale == FVA_SCALE_ROW) {
       // rowmax of p itself (p >= 0), as FastVideo's two-level P quantization takes it.
       float rowmax = 0.0f;
       for (int64_t c = 0; c < cols; ++c) rowmax = std::max(rowmax, pr[c]);
-      row_enc = nvfp4_second_level_enc(rowmax);
-      row_dec = 1.0f / row_enc;
+      second = nvfp4_second_level(rowmax);
     }
     for (int64_t g0 = 0; g0 < kQatTile; g0 += kNvfp4GroupSize) {
       const int64_t valid = std::clamp<int64_t>(cols - g0, 0, kNvfp4GroupSize);
       float amax = 0.0f;
       for (int64_t c = g0; c < g0 + valid; ++c) amax = nvfp4_amax_step(amax, pr[c]);
-      const Nvfp4Group g = nvfp4_group(amax, row_enc, row_dec);
+      const Nvfp4Group g = nvfp4_group(amax, second);
       // The whole group is read (amax) before any of it is written, so out may alias p.
       for (int64_t c = g0; c < g0 + kNvfp4GroupSize; ++c)
         orow[c] = c < g0 + valid ? round_to_dtype(dtype, nvfp4_fake_quant(g, pr[c])) : 0.0f;

@@ -29,16 +29,22 @@ __global__ void round_scalars(const float* x, Scalars* out, int n) {
             fva::round_to_f16(x[i])};
 }
 
-// One thread per 16-element group; enc/dec as in tile mode when enc != 1.
-__global__ void quantize_groups(const float* x, uint16_t* out, int groups, float enc, float dec) {
+// One thread per 16-element group, in the mode `second` says.
+__global__ void quantize_groups(const float* x, uint16_t* out, int groups, fva::Nvfp4SecondLevel second) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g >= groups) return;
   const float* in = x + g * fva::kNvfp4GroupSize;
   float amax = 0.0f;
   for (int i = 0; i < fva::kNvfp4GroupSize; ++i) amax = fva::nvfp4_amax_step(amax, in[i]);
-  const fva::Nvfp4Group grp = fva::nvfp4_group(amax, enc, dec);
+  const fva::Nvfp4Group grp = fva::nvfp4_group(amax, second);
   for (int i = 0; i < fva::kNvfp4GroupSize; ++i)
     out[g * fva::kNvfp4GroupSize + i] = fva::bf16_bits_from_float(fva::nvfp4_fake_quant(grp, in[i]));
+}
+
+// FastVideo's division (div.full.f32) on the device, which the host's table-driven copy must equal.
+__global__ void fastvideo_divisions(const float* x, const float* y, float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = fva::fastvideo_div(x[i], y[i]);
 }
 
 // nvfp4_block_group (the kernels' P scales: a fast exact reciprocal) for amax = |x|.
@@ -200,7 +206,7 @@ int main() {
     CUDA_OK(cudaMemcpy(gg.data(), dg, 2 * n * sizeof(float), cudaMemcpyDeviceToHost));
     cudaFree(dg);
     for (int i = 0; i < n; ++i) {
-      const fva::Nvfp4Group h = fva::nvfp4_group(std::fabs(x[i]), 1.0f, 1.0f);
+      const fva::Nvfp4Group h = fva::nvfp4_group(std::fabs(x[i]), fva::Nvfp4SecondLevel{});
       if ((!same_bits(h.e4m3, gg[2 * i]) || !same_bits(h.reciprocal, gg[2 * i + 1])) && bad++ < 10)
         std::fprintf(stderr, "block group mismatch at amax=%a: host %a %a device %a %a\n", x[i],
                      h.e4m3, h.reciprocal, gg[2 * i], gg[2 * i + 1]);
@@ -219,19 +225,55 @@ int main() {
     bad += static_cast<long>(decreasing + packed);
   }
 
+  {  // FastVideo's division: the host's copy of MUFU.RCP (a table measured on an H100) against this
+     // device's div.full.f32, on random bit patterns (every class) and on the ranges NVFP4 divides in
+    const int m = 1 << 22;
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+    std::uniform_int_distribution<int> expo(-40, 40);
+    std::vector<float> a(m), b(m), got(m);
+    for (int i = 0; i < m; ++i) {
+      if (i % 2 == 0) {
+        uint32_t ba = rng(), bb = rng();
+        std::memcpy(&a[i], &ba, 4);
+        std::memcpy(&b[i], &bb, 4);
+      } else {
+        a[i] = (i % 4 == 1) ? 1.0f : std::ldexp(mant(rng), expo(rng));
+        b[i] = std::ldexp(mant(rng), expo(rng));
+      }
+    }
+    float *da = nullptr, *db = nullptr, *dout = nullptr;
+    CUDA_OK(cudaMalloc(&da, m * sizeof(float)));
+    CUDA_OK(cudaMalloc(&db, m * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dout, m * sizeof(float)));
+    CUDA_OK(cudaMemcpy(da, a.data(), m * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(db, b.data(), m * sizeof(float), cudaMemcpyHostToDevice));
+    fastvideo_divisions<<<(m + 255) / 256, 256>>>(da, db, dout, m);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(got.data(), dout, m * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dout);
+    for (int i = 0; i < m; ++i) {
+      const float h = fva::fastvideo_div(a[i], b[i]);
+      if (!same_bits(h, got[i]) && !(std::isnan(h) && std::isnan(got[i])) && bad++ < 10)
+        std::fprintf(stderr, "fastvideo_div mismatch: %a / %a: host %a device %a\n", a[i], b[i], h, got[i]);
+    }
+  }
+
   const int groups = n / 16;
-  // Block mode, then a tile-mode second level (enc from a made-up tile amax).
-  const float tile_enc = fva::nvfp4_second_level_enc(3.75f);
-  for (float enc : {1.0f, tile_enc}) {
-    const float dec = 1.0f / enc;
-    quantize_groups<<<(groups + 255) / 256, 256>>>(dx, dq, groups, enc, dec);
+  // Block mode, then tile-mode second levels (from made-up tile amaxes, the floor's included).
+  for (float tile_amax : {0.0f, 3.75f, 0.0137f, 1e-9f, 417.3f}) {
+    const fva::Nvfp4SecondLevel second = tile_amax == 0.0f ? fva::Nvfp4SecondLevel{} : fva::nvfp4_second_level(tile_amax);
+    const float enc = second.enc;
+    quantize_groups<<<(groups + 255) / 256, 256>>>(dx, dq, groups, second);
     CUDA_OK(cudaGetLastError());
     std::vector<uint16_t> gq(n);
     CUDA_OK(cudaMemcpy(gq.data(), dq, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     for (int g = 0; g < groups; ++g) {
       float amax = 0.0f;
       for (int i = 0; i < 16; ++i) amax = fva::nvfp4_amax_step(amax, x[g * 16 + i]);
-      const fva::Nvfp4Group grp = fva::nvfp4_group(amax, enc, dec);
+      const fva::Nvfp4Group grp = fva::nvfp4_group(amax, second);
       for (int i = 0; i < 16; ++i) {
         const uint16_t h = fva::bf16_bits_from_float(fva::nvfp4_fake_quant(grp, x[g * 16 + i]));
         if (h != gq[g * 16 + i] && bad++ < 10)
@@ -245,7 +287,7 @@ int main() {
   cudaFree(dq);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("%s: %d values, %d groups x 2 modes on %s (sm_%d%d): %ld mismatches\n",
+  std::printf("%s: %d values, %d groups x 5 modes, 2^22 divisions on %s (sm_%d%d): %ld mismatches\n",
               bad ? "FAIL" : "PASS", n, groups, prop.name, prop.major, prop.minor, bad);
   return bad ? 1 : 0;
 }

@@ -12,6 +12,10 @@
 #include <string>
 #include <thread>
 
+namespace fva {
+float mufu_reciprocal(float y);  // the GPU's MUFU.RCP for a normal |y| <= 2^126 (fvattn_nvfp4_host)
+}  // namespace fva
+
 namespace ref64 {
 namespace {
 
@@ -69,10 +73,27 @@ void parallel_for(int64_t n, F&& f) {
 
 // ---- NVFP4 ------------------------------------------------------------------------------------------
 
-// Fake-quantizes one group of n <= 16 values with second-level encode factor enc (fp32; 1 in block
-// mode). The scale arithmetic is fp32, correctly rounded, as the spec writes it: s = e4m3(amax/6*enc),
-// r = 1/(s*dec), y = x*r (multiply by the reciprocal, never x/s), x_q = (e2m1(y)*s)*dec rounded to dt.
-void fq_group(const double* x, double* y, int n, float enc, DType dt) {
+// FastVideo's fp32 division in tile and row mode (SPEC section 1: Triton's `/`, PTX div.full.f32):
+// operands scaled by 1/4 when |b| > 2^126 and by 2^24 when |b| is below 2^-126, then a times the
+// GPU's approximate reciprocal, rounded. The reciprocal's bits are the hardware's, measured on the
+// device: the one thing this reference takes from the library's side (fvattn_nvfp4_host's table).
+float fastvideo_div(float a, float b) {
+  const float ab = std::fabs(b);
+  if (ab > 0x1p126f) a *= 0.25f, b *= 0.25f;
+  if (!(ab >= 0x1p-126f)) a *= 0x1p24f, b *= 0x1p24f;
+  float r;
+  if (std::isnan(b)) r = b;
+  else if (b == 0.0f) r = std::copysign(std::numeric_limits<float>::infinity(), b);
+  else if (std::isinf(b)) r = std::copysign(0.0f, b);
+  else r = fva::mufu_reciprocal(b);
+  return a * r;
+}
+
+// Fake-quantizes one group of n <= 16 values with second-level encode factor enc (fp32). The scale
+// arithmetic is fp32 as the spec writes it: s = e4m3(amax/6*enc), r = 1/(s*dec), y = x*r (multiply
+// by the reciprocal, never x/s), x_q = (e2m1(y)*s)*dec rounded to dt. Block mode (tile false,
+// enc = 1) divides correctly rounded; tile and row mode divide as FastVideo does.
+void fq_group(const double* x, double* y, int n, float enc, bool tile, DType dt) {
   float xf[16];
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) {
@@ -80,15 +101,16 @@ void fq_group(const double* x, double* y, int n, float enc, DType dt) {
     const float a = std::fabs(xf[i]);
     if (a > amax) amax = a;  // NaN compares false: it takes no part in the max
   }
-  const float dec = 1.0f / enc;
-  const float sarg = (amax / 6.0f) * enc;
+  const auto div = [tile](float a, float b) { return tile ? fastvideo_div(a, b) : a / b; };
+  const float dec = div(1.0f, enc);
+  const float sarg = div(amax, 6.0f) * enc;
   const double s = round_e4m3(static_cast<double>(sarg));
   if (!(s > 0.0)) {  // the scale rounded to 0: exact zeros, never 0 * inf = NaN
     for (int i = 0; i < n; ++i) y[i] = 0.0;
     return;
   }
   const float sd = static_cast<float>(s) * dec;
-  const float r = 1.0f / sd;
+  const float r = div(1.0f, sd);
   for (int i = 0; i < n; ++i) {
     const float yv = xf[i] * r;
     const double e = round_e2m1(static_cast<double>(yv));
@@ -99,8 +121,8 @@ void fq_group(const double* x, double* y, int n, float enc, DType dt) {
   }
 }
 
-// enc of a tile or row whose max is amax: 2688 / max(amax, 1e-8), in fp32.
-float second_level_enc(float amax) { return 2688.0f / std::max(amax, 1e-8f); }
+// enc of a tile or row whose max is amax: 2688 / max(amax, 1e-8), in fp32, FastVideo's division.
+float second_level_enc(float amax) { return fastvideo_div(2688.0f, std::max(amax, 1e-8f)); }
 
 // FQ along D of `rows` contiguous token rows of length D (D a multiple of 16), sharing one enc.
 void fq_rows(const double* x, double* y, int64_t rows, int64_t D, Scale mode, DType dt) {
@@ -114,7 +136,7 @@ void fq_rows(const double* x, double* y, int64_t rows, int64_t D, Scale mode, DT
     enc = second_level_enc(amax);
   }
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t g = 0; g < D; g += 16) fq_group(x + r * D + g, y + r * D + g, 16, enc, dt);
+    for (int64_t g = 0; g < D; g += 16) fq_group(x + r * D + g, y + r * D + g, 16, enc, mode == Scale::Tile, dt);
 }
 
 // FQ_P of one P tile p[nr][ld] (valid part nr x nc, nc <= ld), groups of 16 along the key axis
@@ -138,7 +160,7 @@ void fq_p_tile(const double* p, double* out, int64_t nr, int64_t nc, int64_t ld,
     }
     for (int64_t c0 = 0; c0 < ld; c0 += 16) {
       const int64_t n = std::clamp<int64_t>(nc - c0, 0, 16);
-      fq_group(p + r * ld + c0, out + r * ld + c0, static_cast<int>(n), enc, dt);
+      fq_group(p + r * ld + c0, out + r * ld + c0, static_cast<int>(n), enc, mode != Scale::Block, dt);
       for (int64_t c = c0 + n; c < std::min<int64_t>(c0 + 16, ld); ++c) out[r * ld + c] = 0.0;
     }
   }
