@@ -219,12 +219,19 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
       finite_lse = finite_lse && lse_of[j].x != -CUDART_INF_F && lse_of[j].y != -CUDART_INF_F;
     // Pᵀ, then dSᵀ = dtype(Pᵀ (dPᵀ - Delta)) from the unquantized Pᵀ. A masked entry's dS is 0 by
     // selection, never by multiplying: its dPᵀ - Delta may be inf or NaN (a padding slot, or a row
-    // with lse = -inf whose o or dO holds one), as the CPU backend never computes it.
-    auto scores_to_ds = [&](auto all_visible) {
-      constexpr bool kAllVisible = decltype(all_visible)::value;
-      const uint32_t visible = view.template probabilities<kAllVisible>(st, lse_of, c.row0);
-      wgmma_wait<0>();  // dPᵀ
-      fence_registers(dpt_flat);
+    // with lse = -inf whose o or dO holds one), as the CPU backend never computes it. The choice of
+    // path is per thread (the lse are), so the warpgroup's wait for dPᵀ stays outside it.
+    const bool all_visible = finite_lse && keys.tile_all_visible(c.row0, n_keys, p.Sq);
+    uint32_t visible = ~0u;
+    if (all_visible) {
+      view.template probabilities<true>(st, lse_of, c.row0);
+    } else {
+      visible = view.template probabilities<false>(st, lse_of, c.row0);
+    }
+    wgmma_wait<0>();  // dPᵀ
+    fence_registers(dpt_flat);
+    auto scores_to_ds = [&](auto all_visible_tile) {
+      constexpr bool kAllVisible = decltype(all_visible_tile)::value;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float2 delta = *reinterpret_cast<const float2*>(stats + 64 + j * 8 + 2 * t);
@@ -237,7 +244,7 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
         pack_a_tile<T>(a_ds, j, ds);
       }
     };
-    if (finite_lse && keys.tile_all_visible(c.row0, n_keys, p.Sq)) {
+    if (all_visible) {
       scores_to_ds(std::true_type{});
     } else {
       scores_to_ds(std::false_type{});
