@@ -1,7 +1,8 @@
 // The CUDA backend's operations: the same problems as the CPU backend (core/problems.h), run by
 // the kernels of kernels/ on the caller's stream. The API layer has checked every argument; these
 // check what only the CUDA backend limits (head dim, dtype, grid sizes) and throw fva::Failure.
-// Nothing here synchronizes: every call can be captured in a CUDA graph.
+// Nothing here synchronizes: every call can be captured in a CUDA graph. The API layer has also made
+// the device's context current and checked the stream (stream_check.h) before any of these runs.
 #pragma once
 
 #include <cstddef>

@@ -160,6 +160,7 @@ bool query_device(int requested, DeviceInfo* info, std::string* why) {
   char name[256] = {0};
   a.cuDeviceGetName(name, sizeof name - 1, dev);
   info->ordinal = ordinal;
+  info->device = dev;
   info->name = name;
   a.cuDeviceGetAttribute(&info->sm_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
   a.cuDeviceGetAttribute(&info->sm_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);

@@ -98,6 +98,7 @@ std::string error_text(const Api& api, CUresult r);
 
 struct DeviceInfo {
   int ordinal = -1;
+  CUdevice device = 0;  // the driver's handle of the ordinal (cuDeviceGet), fixed at fva_create
   int sm_major = 0;
   int sm_minor = 0;
   int sm_count = 0;

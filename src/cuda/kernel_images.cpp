@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -125,17 +126,46 @@ void ensure_context(const DeviceInfo& device) {
   CUcontext current = nullptr;
   CUresult r = a.cuCtxGetCurrent(&current);
   if (r == CUDA_SUCCESS && current != nullptr) return;
-  CUdevice dev = 0;
-  r = a.cuDeviceGet(&dev, device.ordinal);
   CUcontext primary = nullptr;
-  if (r == CUDA_SUCCESS) r = a.cuDevicePrimaryCtxRetain(&primary, dev);
+  r = a.cuDevicePrimaryCtxRetain(&primary, device.device);
   if (r == CUDA_SUCCESS) r = a.cuCtxSetCurrent(primary);
   if (r != CUDA_SUCCESS)
     fail(FVA_ERR_CUDA, "cannot make the primary context of device {} current: {}", device.ordinal,
          error_text(a, r));
 }
 
-CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, size_t smem_bytes) {
+namespace {
+
+// The calling thread's kernels, so that a launch's lookup takes no lock and allocates nothing: a
+// direct-mapped cache keyed by the kernel's family, name, image (ptx_jit) and device, each entry
+// with the dynamic shared memory the kernel's limit is known to allow. Entries are only ever
+// replaced (a CUkernel stays valid for the process: its library is never unloaded). Zero-initialized
+// thread-local storage: hash 0 is an empty slot.
+struct CachedKernel {
+  uint64_t hash;
+  const char* family;  // a string literal of the call sites
+  int ordinal;
+  bool ptx;
+  CUkernel kernel;
+  size_t smem;
+  char name[88];
+};
+constexpr unsigned kThreadKernels = 64;
+thread_local CachedKernel t_kernels[kThreadKernels];
+
+uint64_t kernel_hash(const char* family, const char* name, int ordinal, bool ptx) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const char* c : {family, name})
+    for (; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  h ^= static_cast<uint64_t>(ordinal) * 2 + (ptx ? 1 : 0);
+  h *= 1099511628211ull;
+  return h | 1;  // never 0
+}
+
+// The process-wide registry's kernel (loaded, and its shared-memory limit raised, on first use),
+// under the registry's lock, with the limit it now allows.
+std::pair<CUkernel, size_t> registered_kernel(const char* family, const char* name, const DeviceInfo& device,
+                                              size_t smem_bytes) {
   const Api& a = checked_api();
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -143,7 +173,7 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
   const auto key = std::make_tuple(std::string(family) + (device.ptx_jit ? "/ptx" : ""),
                                    std::string(name), device.ordinal);
   auto it = r.kernels.find(key);
-  if (it != r.kernels.end() && it->second.second >= smem_bytes) return it->second.first;
+  if (it != r.kernels.end() && it->second.second >= smem_bytes) return it->second;
   CUkernel k = nullptr;
   if (it != r.kernels.end()) {
     k = it->second.first;
@@ -156,18 +186,38 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
   // A kernel's static and dynamic shared memory together above 48 KiB need the opt-in, and the
   // static part is not known here: any dynamic request sets the kernel's limit to it.
   if (smem_bytes > 0) {
-    CUdevice dev = 0;
-    CUresult res = a.cuDeviceGet(&dev, device.ordinal);
-    if (res == CUDA_SUCCESS)
-      res = a.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                   static_cast<int>(smem_bytes), k, dev);
+    const CUresult res = a.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                static_cast<int>(smem_bytes), k, device.device);
     if (res != CUDA_SUCCESS)
       fail(FVA_ERR_CUDA, "cannot give kernel {} {} bytes of shared memory on device {}: {}", name,
            smem_bytes, device.ordinal, error_text(a, res));
   }
   r.kernels[key] = {k, smem_bytes};
+  return {k, smem_bytes};
+}
+
+}  // namespace
+
+CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, size_t smem_bytes) {
+  const uint64_t hash = kernel_hash(family, name, device.ordinal, device.ptx_jit);
+  CachedKernel& slot = t_kernels[hash % kThreadKernels];
+  if (slot.hash == hash && slot.ordinal == device.ordinal && slot.ptx == device.ptx_jit &&
+      smem_bytes <= slot.smem && std::strcmp(slot.family, family) == 0 && std::strcmp(slot.name, name) == 0)
+    return slot.kernel;
+  const auto [k, allowed] = registered_kernel(family, name, device, smem_bytes);
+  const size_t length = std::strlen(name);
+  if (length < sizeof slot.name) {
+    slot.hash = hash;
+    slot.family = family;
+    slot.ordinal = device.ordinal;
+    slot.ptx = device.ptx_jit;
+    slot.kernel = k;
+    slot.smem = allowed;
+    std::memcpy(slot.name, name, length + 1);
+  }
   return k;
 }
+
 
 namespace {
 
@@ -267,13 +317,33 @@ int max_active_clusters(const char* family, const char* name, const DeviceInfo& 
   const Api& a = checked_api();
   if (a.cuOccupancyMaxActiveClusters == nullptr || dims.cluster_x < 2) return 0;
   const CUkernel k = kernel(family, name, device, dims.smem);  // the shared-memory limit set
+  // The calling thread's answers first (no lock, no allocation), then the process's.
+  struct ClusterMemo {
+    CUkernel kernel;
+    int ordinal;
+    unsigned cluster, block;
+    size_t smem;
+    int count;
+  };
+  constexpr int kMemos = 8;
+  thread_local ClusterMemo t_memos[kMemos];
+  thread_local int t_next_memo;
+  for (const ClusterMemo& m : t_memos)
+    if (m.kernel == k && m.ordinal == device.ordinal && m.cluster == dims.cluster_x && m.block == dims.block &&
+        m.smem == dims.smem)
+      return m.count;
+  auto remember = [&](int count) {
+    t_memos[t_next_memo] = {k, device.ordinal, dims.cluster_x, dims.block, dims.smem, count};
+    t_next_memo = (t_next_memo + 1) % kMemos;
+    return count;
+  };
   Registry& r = registry();
   const auto key = std::make_tuple(std::string(name), device.ordinal, dims.cluster_x, dims.block,
                                    dims.smem);
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     auto it = r.max_clusters.find(key);
-    if (it != r.max_clusters.end()) return it->second;
+    if (it != r.max_clusters.end()) return remember(it->second);
   }
   Launch one = dims;  // the query's grid: one cluster (the count does not depend on the grid)
   one.grid_x = dims.cluster_x;
@@ -285,7 +355,7 @@ int max_active_clusters(const char* family, const char* name, const DeviceInfo& 
     return 0;  // not cached: a later call may be able to ask (e.g. outside a stream capture)
   std::lock_guard<std::mutex> lock(r.mutex);
   r.max_clusters[key] = count;
-  return count;
+  return remember(count);
 }
 
 }  // namespace fva::cuda

@@ -13,6 +13,7 @@
 #include "cuda_ops.h"
 #include "error.h"
 #include "kernel_images.h"
+#include "kernel_name.h"
 #include "params.h"
 #include "qat_plan.h"
 #include "sm90_kernels.h"
@@ -99,11 +100,9 @@ void launch_quantize(const fva_handle& h, int32_t dtype, const std::vector<Quant
   l.block = static_cast<unsigned>(32 * kWarpsPerBlock);
   // Block mode at D = 64 and 128 runs a kernel built for that D (preprocess/nvfp4_quantize.cu).
   const bool fixed_d = block_mode && (D == 64 || D == 128);
-  launch("prep",
-         fmt::format("fva_nvfp4_quantize_{}{}{}", block_mode ? "" : "tile_", dtype_suffix(dtype),
-                     fixed_d ? fmt::format("_d{}", D) : "")
-             .c_str(),
-         h.device, l, stream, q);
+  const KernelName name = fixed_d ? KernelName("fva_nvfp4_quantize_", dtype_suffix(dtype), "_d", D)
+                                   : KernelName("fva_nvfp4_quantize_", block_mode ? "" : "tile_", dtype_suffix(dtype));
+  launch("prep", name.c_str(), h.device, l, stream, q);
 }
 
 // The call's parameters, with the prepared copies in place of the inputs they replace.
@@ -150,9 +149,9 @@ void fill_prepared(const fva_handle& h, const QatProblem& p, const QatPreparatio
     m.mean = buf.k_mean;
     Launch l;
     l.grid_x = static_cast<unsigned>(m.num_chunks);
-    launch("prep", fmt::format("fva_k_mean_partial_{}", sfx).c_str(), h.device, l, stream, m);
+    launch("prep", KernelName("fva_k_mean_partial_", sfx).c_str(), h.device, l, stream, m);
     l.grid_x = 1;
-    launch("prep", fmt::format("fva_k_mean_final_{}", sfx).c_str(), h.device, l, stream, m);
+    launch("prep", KernelName("fva_k_mean_final_", sfx).c_str(), h.device, l, stream, m);
   }
   // (The k mean, above, is complete before the quantization: same stream.)
   std::vector<QuantizeTensor> jobs;
@@ -184,7 +183,6 @@ void qat_forward(const fva_handle& h, const QatProblem& p, const fva_tensor_t& q
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                  const fva_tensor_t* o_hp, const fva_tensor_t& lse, void* ws, void* stream) {
   const QatForwardPlan plan = plan_qat_forward(h, p);
-  ensure_context(h.device);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   const PreparedBuffers buf = prepared_buffers(plan.prepared, ws);
   kern::AttentionParams a = describe(p, plan.prep, buf, q, k, v);
@@ -212,8 +210,7 @@ void qat_forward(const fva_handle& h, const QatProblem& p, const fva_tensor_t& q
   l.grid_x = blocks_for(p.Sq, 64);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
   l.smem = static_cast<size_t>(kern::forward_smem_bytes(static_cast<int>(p.D)));
-  const std::string name =
-      fmt::format("fva_qat_fwd_{}_d{}_{}", dtype_suffix(q.dtype), p.D, plan.portable_variant);
+  const KernelName name("fva_qat_fwd_", dtype_suffix(q.dtype), "_d", p.D, "_", plan.portable_variant);
   launch("qat", name.c_str(), h.device, l, stream, a);
 }
 
@@ -223,7 +220,7 @@ unsigned launch_delta(const fva_handle& h, const kern::AttentionParams& a, int64
   l.grid_x = blocks_for(static_cast<int64_t>(a.B) * a.Hq * a.Sq,
                         4 * kern::delta_rows_per_warp(static_cast<int>(D)));
   if (max_blocks > 0) l.grid_x = std::min(l.grid_x, max_blocks);
-  launch("prep", fmt::format("fva_delta_{}_d{}", dtype_suffix(dtype), D).c_str(), h.device, l,
+  launch("prep", KernelName("fva_delta_", dtype_suffix(dtype), "_d", D).c_str(), h.device, l,
          stream, a);
   return l.grid_x;
 }
@@ -233,7 +230,6 @@ void qat_backward(const fva_handle& h, const QatProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& dq,
                   const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws, void* stream) {
   const QatBackwardPlan plan = plan_qat_backward(h, p);
-  ensure_context(h.device);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   const PreparedBuffers buf = prepared_buffers(plan.prepared, ws);
   float* const accumulator = workspace_pointer<float>(ws, plan.dq_accumulator);
@@ -268,7 +264,7 @@ void qat_backward(const fva_handle& h, const QatProblem& p, const fva_tensor_t& 
     l.grid_x = blocks_for(p.Sq, 64);
     l.grid_y = static_cast<unsigned>(p.B * p.Hq);
     l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
-    launch("qat", fmt::format("fva_qat_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+    launch("qat", KernelName("fva_qat_bwd_dq_", sfx, "_d", p.D).c_str(), h.device, l, stream, a);
   }
   if (sm90 && plan.sm90_dkdv) {
     sm90_dkdv_launch(h, Sm90Kind::kQat, native, p.D, q.dtype, stream);
@@ -278,7 +274,7 @@ void qat_backward(const fva_handle& h, const QatProblem& p, const fva_tensor_t& 
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));
   const bool block_p = a.quantize_p == 0 || p.cfg.p_scale == FVA_SCALE_BLOCK;
-  launch("qat", fmt::format("fva_qat_bwd_dkdv_{}_d{}{}", sfx, p.D, block_p ? "_b" : "").c_str(),
+  launch("qat", KernelName("fva_qat_bwd_dkdv_", sfx, "_d", p.D, block_p ? "_b" : "").c_str(),
          h.device, l, stream, a);
 }
 
@@ -288,7 +284,6 @@ void nvfp4_fake_quantize(const fva_handle& h, const Nvfp4Problem& p, const fva_t
   if (x.shape[0] * x.shape[1] > std::numeric_limits<int32_t>::max() ||
       x.shape[2] > std::numeric_limits<int32_t>::max() - 64)
     fail(FVA_ERR_UNSUPPORTED, "x: too large for the CUDA backend's 32-bit token indexing");
-  ensure_context(h.device);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   // (In block mode tile_tokens is not read; launch_quantize picks the unit.)
   launch_quantize(h, x.dtype, {{tensor4(x), tensor4(y), x.shape[1], x.shape[2], true, nullptr}},

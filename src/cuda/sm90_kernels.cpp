@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernel_images.h"
+#include "kernel_name.h"
 #include "params.h"
 #include "shared/forward_split_plan.h"
 #include "shared/kernel_traits.h"
@@ -144,7 +145,7 @@ void sm90_forward_split_reset(const Sm90ForwardSplit& split, const Sm90SplitBuff
 void sm90_vsa_forward_launch(const fva_handle& h, const kern::Sm90ForwardParams& params, int64_t D,
                              int32_t dtype, void* stream) {
   // sm90/attention_forward_compact.cuh: Q, K, V tiles and the region of ones.
-  const std::string name = fmt::format("fva_sm90_vsa_fwd_{}_d{}", dtype_suffix(dtype), D);
+  const KernelName name("fva_sm90_vsa_fwd_", dtype_suffix(dtype), "_d", D);
   launch("sm90", name.c_str(), h.device, compact_launch(params.a, D, 3, /*ones_region=*/true),
          stream, params);
 }
@@ -182,8 +183,7 @@ void sm90_qat_forward_launch(const fva_handle& h, const kern::Sm90ForwardParams&
   l.block = kern::kSm90ForwardThreads;
   l.smem = static_cast<size_t>(
       kern::sm90_forward_smem_bytes(static_cast<int>(D), kQatConsumers, kQatStages));
-  const std::string name =
-      fmt::format("fva_sm90_qat_fwd_{}_d{}_{}", dtype_suffix(dtype), D, quantize_p ? "q1b" : "q0");
+  const KernelName name("fva_sm90_qat_fwd_", dtype_suffix(dtype), "_d", D, quantize_p ? "_q1b" : "_q0");
   // Pairs where the plan allows them and the device fits enough of them to keep every SM busy.
   P.cluster = 1;
   if (clusters_allowed) {
@@ -216,8 +216,7 @@ bool sm90_encode_backward(const kern::AttentionParams& a, int64_t D,
 void sm90_dq_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardParams& params,
                     int64_t D, int32_t dtype, void* stream) {
   // sm90/attention_dq.cuh: one 128-thread block per 64 query rows, Q, dO, K and V tiles.
-  const std::string name = fmt::format("fva_sm90_{}_bwd_dq_{}_d{}",
-                                       kind == Sm90Kind::kQat ? "qat" : "vsa", dtype_suffix(dtype), D);
+  const KernelName name("fva_sm90_", kind == Sm90Kind::kQat ? "qat" : "vsa", "_bwd_dq_", dtype_suffix(dtype), "_d", D);
   launch("sm90", name.c_str(), h.device, compact_launch(params.a, D, 4), stream, params);
 }
 
@@ -239,9 +238,8 @@ void dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardPar
   l.block = static_cast<unsigned>(kern::kWarpgroupThreads * (1 + consumers));
   l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused));
   const char* suffix = fused ? "q" : variant == Dkdv::kStoresDs ? "s" : "";
-  const std::string name = fmt::format("fva_sm90_{}_bwd_dkdv{}_{}_d{}",
-                                       kind == Sm90Kind::kQat ? "qat" : "vsa", suffix,
-                                       dtype_suffix(dtype), D);
+  const KernelName name("fva_sm90_", kind == Sm90Kind::kQat ? "qat" : "vsa", "_bwd_dkdv", suffix, "_",
+                        dtype_suffix(dtype), "_d", D);
   launch("sm90", name.c_str(), h.device, l, stream, params);
 }
 
@@ -270,8 +268,7 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
                                     const Sm90DsChunks& chunks, void* ds_tiles, int32_t ds_q_tiles,
                                     int32_t ds_slots, void* stream) {
   const kern::AttentionParams& a = params.a;
-  const std::string dq = fmt::format("fva_sm90_{}_bwd_dqs_{}_d{}",
-                                     kind == Sm90Kind::kQat ? "qat" : "vsa", dtype_suffix(dtype), D);
+  const KernelName dq("fva_sm90_", kind == Sm90Kind::kQat ? "qat" : "vsa", "_bwd_dqs_", dtype_suffix(dtype), "_d", D);
   const size_t dq_smem =
       static_cast<size_t>(kern::sm90_dq_from_ds_smem_bytes(static_cast<int>(D), kDsStages));
   params.ds_tiles = ds_tiles;
@@ -307,7 +304,7 @@ void sm90_fused_backward_launch(const fva_handle& h, Sm90Kind kind,
   params.ds_rowsum = accumulator + kern::sm90_dq_accumulator_rows(a.B, a.Hq, a.Sq) * D;
   dkdv_launch(h, kind, params, D, dtype, Dkdv::kFusedDq, kv_units_of(a), stream);
   // sm90/dq_accumulator.cuh: a 128-thread block per 64-row query tile of every (b, q head).
-  const std::string name = fmt::format("fva_sm90_dq_convert_{}_d{}", dtype_suffix(dtype), D);
+  const KernelName name("fva_sm90_dq_convert_", dtype_suffix(dtype), "_d", D);
   launch("sm90", name.c_str(), h.device,
          query_tile_launch(a, static_cast<int64_t>(a.B) * a.Hq, 0), stream, params);
 }

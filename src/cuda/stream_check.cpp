@@ -17,10 +17,10 @@ void check_launch_context(const DeviceInfo& device, void* stream) {
   }
   ensure_context(device);
   CUcontext current = nullptr;
-  CUdevice current_device = -1, want = -1;
+  CUdevice current_device = -1;
+  const CUdevice want = device.device;
   CUresult r = a->cuCtxGetCurrent(&current);
   if (r == CUDA_SUCCESS) r = a->cuCtxGetDevice(&current_device);
-  if (r == CUDA_SUCCESS) r = a->cuDeviceGet(&want, device.ordinal);
   if (r != CUDA_SUCCESS)
     fail(FVA_ERR_CUDA, "cannot query the calling thread's CUDA context: {}", error_text(*a, r));
   if (current_device != want)

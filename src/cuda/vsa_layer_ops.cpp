@@ -16,14 +16,15 @@
 #include "cuda_ops.h"
 #include "error.h"
 #include "kernel_images.h"
+#include "kernel_name.h"
 #include "params.h"
 #include "vsa_layer_plan.h"
 
 namespace fva::cuda {
 namespace {
 
-std::string kernel_name(const char* op, const VsaProblem& f) {
-  return fmt::format("fva_layer_{}_{}_d{}", op, dtype_suffix(f.dtype), f.D);
+KernelName kernel_name(const char* op, const VsaProblem& f) {
+  return KernelName("fva_layer_", op, "_", dtype_suffix(f.dtype), "_d", f.D);
 }
 
 // A contiguous descriptor over a region of the reserve or the workspace.
@@ -89,7 +90,6 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
   const VsaProblem& f = p.fine;
   const VsaLayerPlan plan = plan_vsa_layer(h, p);
   const VsaLayerReserve& r = plan.reserve;
-  ensure_context(h.device);
   const FineViews fine = fine_views(plan, p, reserve);
   const int32_t nq = static_cast<int32_t>(f.num_q_blocks), nkv = static_cast<int32_t>(f.num_kv_blocks);
   {
@@ -195,7 +195,6 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   const VsaLayerReserve& r = plan.reserve;
   // The kernels only read the reserve; the views are typed for both directions.
   void* reserve = const_cast<void*>(reserve_in);
-  ensure_context(h.device);
   const FineViews fine = fine_views(plan, p, reserve);
   const int32_t nq = static_cast<int32_t>(f.num_q_blocks), nkv = static_cast<int32_t>(f.num_kv_blocks);
   VsaLayerProblem expected = p;

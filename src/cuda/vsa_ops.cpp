@@ -9,6 +9,7 @@
 #include "cuda_ops.h"
 #include "error.h"
 #include "kernel_images.h"
+#include "kernel_name.h"
 #include "params.h"
 #include "sm90_kernels.h"
 #include "vsa_plan.h"
@@ -125,7 +126,6 @@ void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                  const fva_tensor_t& o, const fva_tensor_t& lse, void*, void* stream) {
   const VsaForwardPlan plan = plan_vsa_forward(h, p);
-  ensure_context(h.device);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   a.o = tensor4(o);
@@ -141,7 +141,7 @@ void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
   l.block = 64;  // 2 warps x 32 rows (kernels/portable/attention_forward.cuh)
   l.smem = static_cast<size_t>(kern::forward_2warp_smem_bytes(static_cast<int>(p.D)));
-  launch("vsa", fmt::format("fva_vsa_fwd_{}_d{}", dtype_suffix(q.dtype), p.D).c_str(), h.device, l,
+  launch("vsa", KernelName("fva_vsa_fwd_", dtype_suffix(q.dtype), "_d", p.D).c_str(), h.device, l,
          stream, a);
 }
 
@@ -165,7 +165,6 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
-  ensure_context(h.device);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
   int32_t* const delta_done = workspace_pointer<int32_t>(ws, plan.delta_done);
@@ -226,11 +225,11 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hq);
   l.smem = static_cast<size_t>(kern::dq_smem_bytes(static_cast<int>(p.D)));
-  launch("vsa", fmt::format("fva_vsa_bwd_dq_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+  launch("vsa", KernelName("fva_vsa_bwd_dq_", sfx, "_d", p.D).c_str(), h.device, l, stream, a);
   l.grid_x = static_cast<unsigned>(p.num_kv_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));
-  launch("vsa", fmt::format("fva_vsa_bwd_dkdv_{}_d{}", sfx, p.D).c_str(), h.device, l, stream, a);
+  launch("vsa", KernelName("fva_vsa_bwd_dkdv_", sfx, "_d", p.D).c_str(), h.device, l, stream, a);
 }
 
 size_t vsa_invert_indices_workspace(const VsaIndexProblem& p) {
@@ -245,7 +244,6 @@ void vsa_invert_indices(const fva_handle& h, const VsaIndexProblem& p,
     fail(FVA_ERR_UNSUPPORTED, "q2k_idx: B * H = {} is above the CUDA backend's limit", p.B * p.H);
   require_index_size(p.B * p.H, p.num_q_blocks, p.max_k);
   const VsaInvertPlan plan = plan_vsa_invert(p);
-  ensure_context(h.device);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   const InverseBuffers buf = inverse_buffers(plan.inverse, ws);
   kern::InvertParams ip{};
