@@ -1,13 +1,15 @@
 // `fvattn bench`: forward and backward TFLOPS of QAT attention (FastVideo's production preset) and
-// VSA (25% density) on the GPU, over a list of sequence lengths, with PyTorch's cuDNN SDPA (dense
-// bf16) timed in the same run when PyTorch is importable. Timing follows docs/perf.md's method:
+// VSA (25% density) on the GPU, over a list of sequence lengths or a suite of shapes (--suite), with
+// PyTorch's cuDNN SDPA (dense) timed at each shape in the same run when PyTorch is importable, and
+// each op's ratio to it. Timing follows docs/perf.md's method:
 // CUDA events around each call, warm-up first, the median of the timed calls, input sets rotated so
 // that they never sit in L2 between calls. Progress on stderr, the table on stdout, --json for
 // machines.
 //
-// FLOPs (ARCHITECTURE.md): attention forward 4·B·H·Sq·Skv·D, backward 2.5x ("algorithmic", what every
-// comparison uses); QAT also reports what its forward executes (6·B·H·S²·D: two P·V products); VSA
+// FLOPs (docs/perf.md): attention forward 4·B·H·Sq·Skv·D (causal: the visible pairs, S(S+1)/2, for
+// Sq·Skv), backward 2.5x ("algorithmic", what every comparison uses); QAT also reports what its forward executes (6·B·H·S²·D: two P·V products); VSA
 // counts only selected blocks (4·B·H·D·64·64·Σ q2k_num) and reports the dense-equivalent rate too.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <fvattn/fvattn.h>
@@ -48,19 +50,90 @@ struct Result {
   double tflops;        // algorithmic
   double tflops_extra;  // QAT: executed; VSA: dense-equivalent; SDPA: 0
   ClockStats clocks{};  // the SM clock and power over the timed calls
+  int shape = -1;       // index into the run's shapes (-1: the layer's rows)
+  double vs_sdpa = std::nan("");  // tflops over SDPA's at the same shape and direction
 };
 
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
+// One shape of a run: B x Hq query heads over Hkv kv heads (Hkv < Hq: grouped-query attention).
+struct BenchShape {
+  int64_t B = 1, Hq = 8, Hkv = 8, S = 16384, D = 128;
+  int32_t dtype = FVA_DTYPE_BF16;
+  bool causal = false;  // QAT only
+  bool qat = true, vsa = true;
+  double density = 0.25;  // VSA: the fraction of kv blocks each q block lists ...
+  int64_t topk = 0;       // ... or, when > 0, this many
+  std::string label() const {
+    return fmt::format("B{} H{}{} S{} D{}{}{}", B, Hq, Hkv != Hq ? fmt::format(":{}", Hkv) : "", S, D,
+                       dtype == FVA_DTYPE_F16 ? " f16" : "", causal ? " causal" : "");
+  }
+  // Query-key pairs attention computes (the visible ones when causal; Sq = Skv = S).
+  double pairs() const {
+    return causal ? 0.5 * static_cast<double>(S) * static_cast<double>(S + 1) : static_cast<double>(S) * S;
+  }
+};
+
+// The run's shapes: --suite round2's list, or --seq over --batch, --heads, --dim.
+std::vector<BenchShape> bench_shapes(const BenchOptions& o) {
+  std::vector<BenchShape> shapes;
+  auto add = [&](BenchShape s) {
+    s.qat = s.qat && o.qat;
+    s.vsa = s.vsa && o.vsa && !s.causal && s.S % 64 == 0;
+    if (s.qat || s.vsa) shapes.push_back(s);
+  };
+  if (o.suite == "round2") {
+    BenchShape base;  // B=1 H=8 S=16384 D=128 bf16, QAT and VSA at 25%
+    add(base);
+    BenchShape s = base;
+    s.S = 4096;
+    add(s);
+    s = base;  // ThunderKittens' own VSA point
+    s.Hq = s.Hkv = 12, s.S = 49152, s.topk = 76, s.qat = false;
+    add(s);
+    s = base;
+    s.Hq = s.Hkv = 16, s.D = 64;
+    add(s);
+    s = base;
+    s.causal = true;
+    add(s);
+    s = base;
+    s.B = 2;
+    add(s);
+    s = base;
+    s.Hkv = 2;
+    add(s);
+    s = base;
+    s.dtype = FVA_DTYPE_F16;
+    add(s);
+    s = base;  // Wan2.1-14B's attention: 32760 tokens, not a multiple of 64 (QAT only)
+    s.Hq = s.Hkv = 40, s.S = 32760, s.vsa = false;
+    add(s);
+  } else {
+    for (int64_t S : o.seqs) {
+      BenchShape s;
+      s.B = o.B, s.Hq = s.Hkv = o.H, s.S = S, s.D = o.D, s.density = o.density;
+      add(s);
+    }
+  }
+  return shapes;
+}
+
+// n random normal values as bf16 or f16 bits.
+std::vector<uint16_t> random_halves(size_t n, int32_t dtype, std::mt19937_64& rng) {
   std::normal_distribution<float> d;
   std::vector<uint16_t> v(n);
   for (auto& x : v) {
     const float f = d(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    if (dtype == FVA_DTYPE_F16) {
+      x = __half_as_ushort(__float2half_rn(f));
+    } else {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      x = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
   }
   return v;
 }
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) { return random_halves(n, FVA_DTYPE_BF16, rng); }
 
 // VSA's q2k lists for `rows` (b, head) x nb q blocks, top-k each, ascending. Random (the default):
 // each q block picks topk of the nb kv blocks uniformly, so neighbouring q blocks share a quarter of
@@ -132,114 +205,125 @@ struct AttnSet {
   DeviceArray q, k, v, o, o_hp, lse, dout, dq, dk, dv;
 };
 
-AttnSet make_set(int64_t B, int64_t H, int64_t S, int64_t D, std::mt19937_64& rng) {
-  const size_t n = static_cast<size_t>(B * H * S * D), bytes = n * 2;
-  AttnSet s{DeviceArray(bytes), DeviceArray(bytes), DeviceArray(bytes), DeviceArray(bytes),
-            DeviceArray(bytes), DeviceArray(static_cast<size_t>(B * H * S) * 4), DeviceArray(bytes),
-            DeviceArray(bytes), DeviceArray(bytes), DeviceArray(bytes)};
-  for (DeviceArray* a : {&s.q, &s.k, &s.v, &s.dout}) a->upload(random_bf16(n, rng));
+AttnSet make_set(const BenchShape& sh, std::mt19937_64& rng) {
+  const size_t nq = static_cast<size_t>(sh.B * sh.Hq * sh.S * sh.D), nkv = static_cast<size_t>(sh.B * sh.Hkv * sh.S * sh.D);
+  AttnSet s{DeviceArray(nq * 2),  DeviceArray(nkv * 2), DeviceArray(nkv * 2),
+            DeviceArray(nq * 2),  DeviceArray(nq * 2),  DeviceArray(static_cast<size_t>(sh.B * sh.Hq * sh.S) * 4),
+            DeviceArray(nq * 2),  DeviceArray(nq * 2),  DeviceArray(nkv * 2), DeviceArray(nkv * 2)};
+  s.q.upload(random_halves(nq, sh.dtype, rng));
+  s.k.upload(random_halves(nkv, sh.dtype, rng));
+  s.v.upload(random_halves(nkv, sh.dtype, rng));
+  s.dout.upload(random_halves(nq, sh.dtype, rng));
   return s;
 }
 
-void bench_shape(fva_handle_t h, const BenchOptions& o, int64_t S, std::mt19937_64& rng,
+void bench_shape(fva_handle_t h, const BenchOptions& o, const BenchShape& sh, int index, std::mt19937_64& rng,
                  cudaStream_t stream, ClockSampler& clocks, std::vector<Result>& out) {
   ClockStats seen;
   auto timed = [&](const std::function<void(int)>& fn) {
     settle(o, stream);
     return median_ms(stream, o.warmup, o.iters, fn, 4000.0, &clocks, &seen);
   };
-  const int64_t B = o.B, H = o.H, D = o.D;
-  const int sets = rotation_sets(static_cast<size_t>(4 * B * H * S * D * 2));
+  const int64_t B = sh.B, Hq = sh.Hq, Hkv = sh.Hkv, S = sh.S, D = sh.D;
+  const int sets = rotation_sets(static_cast<size_t>(2 * B * S * D * (2 * Hq + 2 * Hkv)));
   std::vector<AttnSet> a;
-  for (int i = 0; i < sets; ++i) a.push_back(make_set(B, H, S, D, rng));
-  auto t4 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_BF16, {B, H, S, D}); };
-  auto t3 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_F32, {B, H, S}); };
-  const double dense = 4.0 * B * H * static_cast<double>(S) * S * D;
+  for (int i = 0; i < sets; ++i) a.push_back(make_set(sh, rng));
+  // q-shaped (q, o, dout, dq) and kv-shaped (k, v, dk, dv) tensors, and the lse.
+  auto t4 = [&](const DeviceArray& d) { return contiguous(d.get(), sh.dtype, {B, Hq, S, D}); };
+  auto tkv = [&](const DeviceArray& d) { return contiguous(d.get(), sh.dtype, {B, Hkv, S, D}); };
+  auto t3 = [&](const DeviceArray& d) { return contiguous(d.get(), FVA_DTYPE_F32, {B, Hq, S}); };
+  const double dense = 4.0 * B * Hq * sh.pairs() * D;
+  auto record = [&](const std::string& op, double ms, double tflops, double extra) {
+    Result r{op, S, ms, tflops, extra, seen};
+    r.shape = index;
+    out.push_back(r);
+  };
 
   double ms = 0.0;
-  if (o.qat) {  // ---- QAT: the production preset, or plain attention (quantize = 0) ----
+  if (sh.qat) {  // ---- QAT: the production preset, or plain attention (quantize = 0) ----
     fva_qat_config_t cfg = FVA_QAT_CONFIG_INIT;
     if (o.plain) cfg.quantize = 0;
+    cfg.causal = sh.causal ? 1 : 0;
     const std::string fwd_op = o.plain ? "plain_forward" : "qat_forward";
     const std::string bwd_op = o.plain ? "plain_backward" : "qat_backward";
     size_t fb = 0, bb = 0;
     {
-      const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
+      const fva_tensor_t q = t4(a[0].q), k = tkv(a[0].k), v = tkv(a[0].v);
       fva_check(fva_qat_forward_workspace_size(h, &cfg, &q, &k, &v, &fb), "qat workspace");
       fva_check(fva_qat_backward_workspace_size(h, &cfg, &q, &k, &v, &bb), "qat workspace");
     }
     DeviceArray ws(std::max(fb, bb));
     auto qat_fwd = [&](int i) {
       const AttnSet& s = a[static_cast<size_t>(i % sets)];
-      const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), oh = t4(s.o_hp), l = t3(s.lse);
+      const fva_tensor_t q = t4(s.q), k = tkv(s.k), v = tkv(s.v), oo = t4(s.o), oh = t4(s.o_hp), l = t3(s.lse);
       fva_check(fva_qat_forward(h, &cfg, &q, &k, &v, &oo, &oh, &l, ws.get(), fb, stream), "fva_qat_forward");
     };
-    fmt::print(stderr, "bench S={}: {} ...\n", S, fwd_op);
+    fmt::print(stderr, "bench {}: {} ...\n", sh.label(), fwd_op);
     ms = timed(qat_fwd);
     // Executed: the quantized forward runs both P·V products (1.5x the algorithmic FLOPs).
-    out.push_back({fwd_op, S, ms, dense / (ms * 1e9), o.plain ? 0.0 : 1.5 * dense / (ms * 1e9), seen});
+    record(fwd_op, ms, dense / (ms * 1e9), o.plain ? 0.0 : 1.5 * dense / (ms * 1e9));
     for (int i = 0; i < sets; ++i) qat_fwd(i);  // o_hp and lse for the backward
     auto qat_bwd = [&](int i) {
       const AttnSet& s = a[static_cast<size_t>(i % sets)];
-      const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oh = t4(s.o_hp), l = t3(s.lse),
-                         d = t4(s.dout), gq = t4(s.dq), gk = t4(s.dk), gv = t4(s.dv);
+      const fva_tensor_t q = t4(s.q), k = tkv(s.k), v = tkv(s.v), oh = t4(s.o_hp), l = t3(s.lse),
+                         d = t4(s.dout), gq = t4(s.dq), gk = tkv(s.dk), gv = tkv(s.dv);
       fva_check(fva_qat_backward(h, &cfg, &q, &k, &v, &oh, &l, &d, &gq, &gk, &gv, ws.get(), bb, stream),
                 "fva_qat_backward");
     };
-    fmt::print(stderr, "bench S={}: {} ...\n", S, bwd_op);
+    fmt::print(stderr, "bench {}: {} ...\n", sh.label(), bwd_op);
     ms = timed(qat_bwd);
-    out.push_back({bwd_op, S, ms, 2.5 * dense / (ms * 1e9), 0.0, seen});
+    record(bwd_op, ms, 2.5 * dense / (ms * 1e9), 0.0);
   }
-  if (!o.vsa) return;
+  if (!sh.vsa) return;
 
-  // ---- VSA at the requested density: each q block lists top-k = nblocks * density kv blocks ----
-  const int64_t nb = S / 64, topk = std::max<int64_t>(1, static_cast<int64_t>(nb * o.density));
-  const std::vector<int32_t> idx = vsa_lists(B * H, nb, topk, o.local_lists, rng);
-  const std::vector<int32_t> num(static_cast<size_t>(B * H * nb), static_cast<int32_t>(topk));
+  // ---- VSA at the shape's density: each q block lists top-k = nblocks * density kv blocks ----
+  const int64_t nb = S / 64;
+  const int64_t topk = sh.topk > 0 ? std::min(sh.topk, nb) : std::max<int64_t>(1, static_cast<int64_t>(nb * sh.density));
+  const std::vector<int32_t> idx = vsa_lists(B * Hq, nb, topk, o.local_lists, rng);
+  const std::vector<int32_t> num(static_cast<size_t>(B * Hq * nb), static_cast<int32_t>(topk));
   DeviceArray didx(idx.size() * 4), dnum(num.size() * 4), dsizes(static_cast<size_t>(nb) * 4);
   didx.upload(idx);
   dnum.upload(num);
   dsizes.upload(std::vector<int32_t>(static_cast<size_t>(nb), 64));
-  const fva_tensor_t ti = contiguous(didx.get(), FVA_DTYPE_I32, {B, H, nb, topk});
-  const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {B, H, nb});
+  const fva_tensor_t ti = contiguous(didx.get(), FVA_DTYPE_I32, {B, Hq, nb, topk});
+  const fva_tensor_t tn = contiguous(dnum.get(), FVA_DTYPE_I32, {B, Hq, nb});
   const fva_tensor_t ts = contiguous(dsizes.get(), FVA_DTYPE_I32, {nb});
   const fva_vsa_config_t vcfg = FVA_VSA_CONFIG_INIT;
   size_t vb = 0, vfb = 0;  // one workspace serves the forward and the backward
   {
-    const fva_tensor_t q = t4(a[0].q), k = t4(a[0].k), v = t4(a[0].v);
+    const fva_tensor_t q = t4(a[0].q), k = tkv(a[0].k), v = tkv(a[0].v);
     fva_check(fva_vsa_forward_workspace_size(h, &vcfg, &q, &k, &v, &ti, &vfb), "vsa workspace");
     fva_check(fva_vsa_backward_workspace_size(h, &vcfg, &q, &k, &v, &ti, &vb), "vsa workspace");
   }
   vb = std::max(vb, vfb);
   DeviceArray vws(vb);
-  const double sparse = 4.0 * B * H * D * 64.0 * 64.0 * static_cast<double>(nb * topk);
+  const double sparse = 4.0 * B * Hq * D * 64.0 * 64.0 * static_cast<double>(nb * topk);
   const double density = static_cast<double>(topk) / static_cast<double>(nb);
   auto vsa_fwd = [&](int i) {
     const AttnSet& s = a[static_cast<size_t>(i % sets)];
-    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), l = t3(s.lse);
+    const fva_tensor_t q = t4(s.q), k = tkv(s.k), v = tkv(s.v), oo = t4(s.o), l = t3(s.lse);
     fva_check(fva_vsa_forward(h, &vcfg, &q, &k, &v, &ti, &tn, &ts, &oo, &l, vws.get(), vb, stream),
               "fva_vsa_forward");
   };
   fmt::print(stderr,
-             "bench S={}: VSA forward (top-k {} of {} blocks, {} lists: 4 neighbours' union {:.0f}% "
+             "bench {}: VSA forward (top-k {} of {} blocks, {} lists: 4 neighbours' union {:.0f}% "
              "of their sum) ...\n",
-             S, topk, nb, o.local_lists ? "local" : "random",
-             100.0 * union_ratio(idx, B * H, nb, topk));
+             sh.label(), topk, nb, o.local_lists ? "local" : "random",
+             100.0 * union_ratio(idx, B * Hq, nb, topk));
   ms = timed(vsa_fwd);
-  out.push_back({"vsa_forward", S, ms, sparse / (ms * 1e9), sparse / density / (ms * 1e9), seen});
+  record("vsa_forward", ms, sparse / (ms * 1e9), sparse / density / (ms * 1e9));
   for (int i = 0; i < sets; ++i) vsa_fwd(i);
   auto vsa_bwd = [&](int i) {
     const AttnSet& s = a[static_cast<size_t>(i % sets)];
-    const fva_tensor_t q = t4(s.q), k = t4(s.k), v = t4(s.v), oo = t4(s.o), l = t3(s.lse),
-                       d = t4(s.dout), gq = t4(s.dq), gk = t4(s.dk), gv = t4(s.dv);
+    const fva_tensor_t q = t4(s.q), k = tkv(s.k), v = tkv(s.v), oo = t4(s.o), l = t3(s.lse),
+                       d = t4(s.dout), gq = t4(s.dq), gk = tkv(s.dk), gv = tkv(s.dv);
     fva_check(fva_vsa_backward(h, &vcfg, &q, &k, &v, &oo, &l, &d, &ti, &tn, &ts, &gq, &gk, &gv,
                                vws.get(), vb, stream),
               "fva_vsa_backward");
   };
-  fmt::print(stderr, "bench S={}: VSA backward ...\n", S);
+  fmt::print(stderr, "bench {}: VSA backward ...\n", sh.label());
   ms = timed(vsa_bwd);
-  out.push_back({"vsa_backward", S, ms, 2.5 * sparse / (ms * 1e9), 2.5 * sparse / density / (ms * 1e9),
-                 seen});
+  record("vsa_backward", ms, 2.5 * sparse / (ms * 1e9), 2.5 * sparse / density / (ms * 1e9));
 }
 
 // The whole VSA layer (fva_vsa_layer_forward/backward, with gate) on o.layer_grid, and its fine
@@ -320,15 +404,17 @@ void bench_layer(fva_handle_t h, const BenchOptions& o, std::mt19937_64& rng, cu
   out.push_back({"layer_over_fine", S, (lf + lb) / (ff + fbw), 0.0, 0.0, seen});
 }
 
-// PyTorch's SDPA in a child process (tools/bench_sdpa.py); empty when PyTorch is not importable.
-// The script marks each timed loop ({"timing": "begin"} ... "end"), forward then backward per
-// shape, and `clocks` samples between the marks.
-std::vector<Result> run_sdpa(const BenchOptions& o, ClockSampler& clocks) {
+// PyTorch's SDPA in a child process (tools/bench_sdpa.py) at each of the run's shapes; empty when
+// PyTorch is not importable. The script marks each timed loop ({"timing": "begin"} ... "end"),
+// forward then backward per shape, and `clocks` samples between the marks.
+std::vector<Result> run_sdpa(const BenchOptions& o, const std::vector<BenchShape>& shapes, ClockSampler& clocks) {
   std::vector<Result> r;
   const char* env = std::getenv("FVATTN_BENCH_SDPA_SCRIPT");
   const std::string script = env ? env : FVATTN_SOURCE_DIR "/tools/bench_sdpa.py";
-  std::string cmd = fmt::format("python3 {} {} {} {}", script, o.B, o.H, o.D);
-  for (int64_t s : o.seqs) cmd += fmt::format(" {}", s);
+  std::string cmd = fmt::format("python3 {}", script);
+  for (const BenchShape& sh : shapes)
+    cmd += fmt::format(" --shape {},{},{},{},{},{},{}", sh.B, sh.Hq, sh.Hkv, sh.S, sh.D,
+                       sh.dtype == FVA_DTYPE_F16 ? "f16" : "bf16", sh.causal ? 1 : 0);
   if (o.settle_s > 0.0) cmd += fmt::format(" --settle {}", o.settle_s);
   cmd += " 2>&1";
   fmt::print(stderr, "bench: PyTorch SDPA ({}) ...\n", cmd);
@@ -338,35 +424,56 @@ std::vector<Result> run_sdpa(const BenchOptions& o, ClockSampler& clocks) {
   std::string log;
   std::vector<ClockStats> loops;  // the timed loops' clocks since the last shape's line
   while (std::fgets(line, sizeof line, p)) {
-    if (std::strncmp(line, "{\"timing\": \"begin\"}", 19) == 0) {
-      clocks.start();
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("timing")) {
+      if (j["timing"] == "begin") clocks.start();
+      else loops.push_back(clocks.stop());
       continue;
     }
-    if (std::strncmp(line, "{\"timing\": \"end\"}", 17) == 0) {
-      loops.push_back(clocks.stop());
-      continue;
-    }
-    long long S = 0;
-    double f = 0, b = 0;
-    char backend[32] = {0};
-    if (std::sscanf(line, "{\"S\": %lld, \"fwd_ms\": %lf, \"bwd_ms\": %lf, \"backend\": \"%31[a-z]\"", &S, &f, &b,
-                    backend) == 4) {
-      const double dense = 4.0 * o.B * o.H * static_cast<double>(S) * S * o.D;
-      const ClockStats none{};
-      const ClockStats& fwd_clocks = loops.size() == 2 ? loops[0] : none;
-      const ClockStats& bwd_clocks = loops.size() == 2 ? loops[1] : none;
-      r.push_back({fmt::format("sdpa_{}_forward", backend), S, f, dense / (f * 1e9), 0.0, fwd_clocks});
-      r.push_back({fmt::format("sdpa_{}_backward", backend), S, b, 2.5 * dense / (b * 1e9), 0.0,
-                   bwd_clocks});
-      loops.clear();
-    } else {
+    if (!j.is_object() || !j.contains("shape") || !j["shape"].is_number_integer()) {
       log += line;
+      continue;
     }
+    const int index = j["shape"].get<int>();
+    if (index < 0 || index >= static_cast<int>(shapes.size())) {
+      log += line;
+      continue;
+    }
+    const BenchShape& sh = shapes[static_cast<size_t>(index)];
+    const double f = j.value("fwd_ms", 0.0), b = j.value("bwd_ms", 0.0);
+    const std::string backend = j.value("backend", std::string("unknown"));
+    const double dense = 4.0 * sh.B * sh.Hq * sh.pairs() * sh.D;
+    const ClockStats none{};
+    Result fr{fmt::format("sdpa_{}_forward", backend), sh.S, f, dense / (f * 1e9), 0.0,
+              loops.size() == 2 ? loops[0] : none};
+    Result br{fmt::format("sdpa_{}_backward", backend), sh.S, b, 2.5 * dense / (b * 1e9), 0.0,
+              loops.size() == 2 ? loops[1] : none};
+    fr.shape = br.shape = index;
+    r.push_back(fr);
+    r.push_back(br);
+    loops.clear();
   }
   const int rc = pclose(p);
   if (rc != 0 || r.empty())
     fmt::print(stderr, "bench: PyTorch SDPA not measured ({}):\n{}\n", rc, log.substr(0, 2000));
   return r;
+}
+
+// Each fvattn row's TFLOPS over SDPA's at its shape and direction (forward or backward).
+void ratios_to_sdpa(std::vector<Result>& res) {
+  auto direction = [](const std::string& op) {
+    const size_t slash = op.find('/');
+    const std::string base = op.substr(0, slash);
+    if (base.size() >= 8 && base.compare(base.size() - 8, 8, "_forward") == 0) return 1;
+    if (base.size() >= 9 && base.compare(base.size() - 9, 9, "_backward") == 0) return 2;
+    return 0;
+  };
+  for (Result& r : res) {
+    if (r.shape < 0 || r.op.rfind("sdpa_", 0) == 0 || direction(r.op) == 0) continue;
+    for (const Result& s : res)
+      if (s.shape == r.shape && s.op.rfind("sdpa_", 0) == 0 && direction(s.op) == direction(r.op) && s.tflops > 0)
+        r.vs_sdpa = r.tflops / s.tflops;
+  }
 }
 
 }  // namespace
@@ -382,6 +489,7 @@ int cmd_bench(const BenchOptions& o) {
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   ClockSampler clocks(device);
+  const std::vector<BenchShape> shapes = bench_shapes(o);
   if (!clocks.valid())
     fmt::print(stderr, "bench: NVML (libnvidia-ml.so.1) unavailable: no SM clock or power per op\n");
   for (const int32_t choice : {FVA_KERNELS_AUTO, FVA_KERNELS_PORTABLE}) {
@@ -397,23 +505,27 @@ int cmd_bench(const BenchOptions& o) {
     fva_check(fva_get_info(h, &info), "fva_get_info");
     std::mt19937_64 rng(12345);
     const size_t first = res.size();
-    if (o.qat || o.vsa)
-      for (int64_t S : o.seqs) bench_shape(h, o, S, rng, stream, clocks, res);
+    for (size_t i = 0; i < shapes.size(); ++i)
+      bench_shape(h, o, shapes[i], static_cast<int>(i), rng, stream, clocks, res);
     if (!o.layer_grid.empty()) bench_layer(h, o, rng, stream, clocks, res);
     if (kernels == "both" && choice == FVA_KERNELS_PORTABLE)
       for (size_t i = first; i < res.size(); ++i) res[i].op += "/portable";
     fva_destroy(h);
   }
   cudaStreamDestroy(stream);
-  if (o.sdpa) {
-    const std::vector<Result> s = run_sdpa(o, clocks);
+  if (o.sdpa && !shapes.empty()) {
+    const std::vector<Result> s = run_sdpa(o, shapes, clocks);
     res.insert(res.end(), s.begin(), s.end());
   }
+  ratios_to_sdpa(res);
 
-  fmt::print("fvattn bench on {} (sm_{}{}, image {}), B={} H={} D={}, bf16, median of {} (warm-up {}), "
+  fmt::print("fvattn bench on {} (sm_{}{}, image {}), {}, median of {} (warm-up {}), {}, "
              "{} handles\n",
-             info.device_name, info.sm_major, info.sm_minor, info.image, o.B, o.H, o.D, o.iters,
-             o.warmup, deterministic ? "deterministic" : "default (not deterministic)");
+             info.device_name, info.sm_major, info.sm_minor, info.image,
+             o.suite.empty() ? fmt::format("B={} H={} D={} bf16", o.B, o.H, o.D) : "suite " + o.suite,
+             o.iters, o.warmup,
+             o.settle_s > 0 ? fmt::format("{} s of rest before each op", o.settle_s) : std::string("back to back"),
+             deterministic ? "deterministic" : "default (not deterministic)");
   // SM MHz and W: medians of NVML samples over the op's timed calls (the card lowers its clock
   // when it reaches its power limit, so equal kernels can differ by their clocks); W is the
   // board's instantaneous power where the driver reports it (tools/gpu_clocks.h), and the JSON
@@ -422,13 +534,18 @@ int cmd_bench(const BenchOptions& o) {
   auto whole_or = [](double x, const char* missing) {
     return std::isnan(x) ? std::string(missing) : fmt::format("{:.0f}", x);
   };
-  fmt::print("{:<22} {:>7} {:>10} {:>9} {:>7} {:>5}  {}\n", "op", "S", "ms", "TFLOPS", "SM MHz", "W",
-             "note");
+  // vs cuDNN: the row's TFLOPS over SDPA's at the same shape and direction.
+  auto shape_of = [&](const Result& r) {
+    return r.shape >= 0 ? shapes[static_cast<size_t>(r.shape)].label() : fmt::format("S{}", r.S);
+  };
+  fmt::print("{:<22} {:<26} {:>9} {:>8} {:>9} {:>7} {:>5}  {}\n", "op", "shape", "ms", "TFLOPS", "vs cuDNN",
+             "SM MHz", "W", "note");
   for (const Result& r : res) {
     std::string note;
     if (r.op.rfind("qat_forward", 0) == 0) note = fmt::format("executed (2 P·V): {:.1f} TFLOPS", r.tflops_extra);
     if (r.op.rfind("vsa", 0) == 0) note = fmt::format("dense-equivalent: {:.1f} TFLOPS", r.tflops_extra);
-    fmt::print("{:<22} {:>7} {:>10.3f} {:>9.1f} {:>7} {:>5}  {}\n", r.op, r.S, r.ms, r.tflops,
+    const std::string vs = std::isnan(r.vs_sdpa) ? std::string("-") : fmt::format("{:.3f}x", r.vs_sdpa);
+    fmt::print("{:<22} {:<26} {:>9.3f} {:>8.1f} {:>9} {:>7} {:>5}  {}\n", r.op, shape_of(r), r.ms, r.tflops, vs,
                whole_or(r.clocks.sm_mhz_median, "-"), whole_or(r.clocks.watts_median, "-"), note);
   }
   if (!o.json_path.empty()) {
@@ -451,11 +568,17 @@ int cmd_bench(const BenchOptions& o) {
     j["settle_s"] = o.settle_s;
     j["layer_grid"] = o.layer_grid;
     j["layer_topk"] = o.layer_grid.empty() ? 0 : o.layer_topk;
+    j["suite"] = o.suite;
     j["results"] = nlohmann::ordered_json::array();
     for (const Result& r : res) {
       nlohmann::ordered_json x;
       x["op"] = r.op;
       x["S"] = r.S;
+      x["shape"] = shape_of(r);
+      if (std::isnan(r.vs_sdpa))
+        x["vs_sdpa"] = nullptr;
+      else
+        x["vs_sdpa"] = rounded(r.vs_sdpa, 1e-4);
       x["ms"] = rounded(r.ms, 1e-4);
       x["tflops"] = rounded(r.tflops, 1e-2);
       x["tflops_extra"] = rounded(r.tflops_extra, 1e-2);

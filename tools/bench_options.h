@@ -30,6 +30,10 @@ struct BenchOptions {
   double settle_s = 0.0;
   std::string kernels = "auto";  // --kernels auto|portable|both
   int32_t deterministic = 0;     // --deterministic
+  // --suite round2: the shapes users run (the attention table of speed round two: short sequences,
+  // D = 64, causal, B > 1, GQA, fp16, ThunderKittens' VSA point, Wan's length), instead of --seq
+  // over --batch/--heads/--dim.
+  std::string suite;
 };
 
 // Raw values that need a check across options after parsing (finish_bench_options).
@@ -46,6 +50,9 @@ inline void add_bench_options(CLI::App& cmd, BenchOptions& o, BenchParse& p) {
       "--lists local: each q block picks the kv blocks nearest it in a (t, y, x) tile grid, with\n"
       "  noise, so neighbours share most of their picks (random, the default, is what the headline\n"
       "  figures use).\n"
+      "--suite round2: B=1 H=8 S=16384 and 4096 (QAT, VSA 25%), H=12 S=49152 top-76 of 768 (VSA),\n"
+      "  H=16 D=64, causal (QAT), B=2, GQA 8:2, fp16, and Wan's H=40 S=32760 (QAT); 'vs cuDNN' is\n"
+      "  each op's TFLOPS over cuDNN's dense attention's at the same shape and direction.\n"
       "--layer: the whole VSA layer (with gate) on a T,H,W token grid in FastVideo's 4x4x4 tiles,\n"
       "  then its fine branch alone over the same lists (rows layer_*; layer_over_fine is the\n"
       "  layer's forward + backward over the fine branch's, in its ms column); --ops layer runs it\n"
@@ -97,6 +104,11 @@ inline void add_bench_options(CLI::App& cmd, BenchOptions& o, BenchParse& p) {
   cmd.add_option("--topk", o.layer_topk, "--layer: kv blocks per q block")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd.add_option("--suite", o.suite,
+                 "round2: a fixed list of shapes (each op's ratio to cuDNN's dense attention), "
+                 "instead of --seq, --batch, --heads, --dim")
+      ->check(CLI::IsMember({"round2"}))
+      ->option_text("round2");
 }
 
 // Checks across options and resolves BenchParse into o; returns an error message, empty if none.
@@ -107,6 +119,7 @@ inline std::string finish_bench_options(BenchOptions& o, const BenchParse& p) {
   if (!o.layer_grid.empty() && o.layer_grid.size() != 3)
     return "--layer: takes a token grid T,H,W (three numbers)";
   if (p.ops == "layer" && o.layer_grid.empty()) return "--ops layer: needs --layer T,H,W";
+  if (!o.suite.empty() && p.ops == "layer") return "--suite: runs QAT and VSA shapes, not --ops layer";
   if (!(o.density > 0.0)) return "--density: must be above 0";
   o.local_lists = p.lists == "local";
   o.qat = p.ops.find("qat") != std::string::npos;

@@ -1,10 +1,13 @@
-"""PyTorch's cuDNN SDPA (dense bf16) timed like `fvattn bench` times fvattn: CUDA events, warm-up,
-median, input sets rotated when they would fit in L2. Called by `fvattn bench`; prints one JSON
-object per shape on stdout: {"S": ..., "fwd_ms": ..., "bwd_ms": ..., "backend": ...}, and around
-each timed loop (forward, then backward) the markers {"timing": "begin"} and {"timing": "end"}, at
-which `fvattn bench` starts and stops sampling the SM clock and power.
+"""PyTorch's cuDNN SDPA (dense attention) timed like `fvattn bench` times fvattn: CUDA events,
+warm-up, median, input sets rotated when they would fit in L2. Called by `fvattn bench`; prints one
+JSON object per shape on stdout: {"shape": i, "S": ..., "fwd_ms": ..., "bwd_ms": ..., "backend":
+...}, and around each timed loop (forward, then backward) the markers {"timing": "begin"} and
+{"timing": "end"}, at which `fvattn bench` starts and stops sampling the SM clock and power.
 
-usage: bench_sdpa.py B H D S [S ...] [--settle SECONDS]
+usage: bench_sdpa.py --shape B,HQ,HKV,S,D,DTYPE,CAUSAL [--shape ...] [--settle SECONDS]
+       bench_sdpa.py B H D S [S ...] [--settle SECONDS]     (bf16, H heads for q, k and v, not causal)
+DTYPE is bf16 or f16, CAUSAL 0 or 1; HKV < HQ is grouped-query attention (enable_gqa). A shape
+cuDNN's SDPA refuses runs on PyTorch's flash backend, and its "backend" says so.
 (--settle: the GPU idles that long before each timed loop's warm-up, as `fvattn bench --settle`
 lets it before each of its ops.)
 """
@@ -36,47 +39,73 @@ def median_ms(fn, warmup, iters):
     return t[len(t) // 2]
 
 
+def parse(args):
+    """The shapes as (B, HQ, HKV, S, D, dtype, causal) tuples, and the settle time."""
+    settle = 0.0
+    if "--settle" in args:
+        i = args.index("--settle")
+        settle = float(args[i + 1])
+        del args[i:i + 2]
+    shapes = []
+    while "--shape" in args:
+        i = args.index("--shape")
+        b, hq, hkv, s, d, dtype, causal = args[i + 1].split(",")
+        if dtype not in ("bf16", "f16"):
+            raise SystemExit(f"bench_sdpa.py: dtype {dtype}: bf16 or f16")
+        shapes.append((int(b), int(hq), int(hkv), int(s), int(d), dtype, causal == "1"))
+        del args[i:i + 2]
+    if args:
+        B, H, D = (int(x) for x in args[:3])
+        shapes += [(B, H, H, int(S), D, "bf16", False) for S in args[3:]]
+    return shapes, settle
+
+
 def main():
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     global SETTLE_S
-    args = sys.argv[1:]
-    if "--settle" in args:
-        i = args.index("--settle")
-        SETTLE_S = float(args[i + 1])
-        del args[i:i + 2]
-    B, H, D = (int(x) for x in args[:3])
-    for S in (int(x) for x in args[3:]):
-        per_set = 4 * B * H * S * D * 2
+    shapes, SETTLE_S = parse(sys.argv[1:])
+    for index, (B, HQ, HKV, S, D, dtype, causal) in enumerate(shapes):
+        dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+        per_set = 2 * B * S * D * (2 * HQ + 2 * HKV)
         sets = max(1, min(4, -(-100 * 2**20 // per_set)))  # >= 100 MiB touched per rotation
-        qs = [torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-              for _ in range(3 * sets)]
-        dos = [torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+
+        def tensor(h, grad=True):
+            return torch.randn(B, h, S, D, device="cuda", dtype=dt, requires_grad=grad)
+
+        qkv = [(tensor(HQ), tensor(HKV), tensor(HKV)) for _ in range(sets)]
+        dos = [tensor(HQ, False) for _ in range(sets)]
+        kw = {"is_causal": causal}
+        if HKV != HQ:
+            kw["enable_gqa"] = True
+
+        def attend(j):
+            q, k, v = qkv[j]
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+
         backend = "cudnn"
         try:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(qs[0], qs[1], qs[2])
+                attend(0)
         except RuntimeError:
             backend = "flash"
         be = SDPBackend.CUDNN_ATTENTION if backend == "cudnn" else SDPBackend.FLASH_ATTENTION
         with sdpa_kernel(be):
             def fwd(i):
-                j = i % sets
                 with torch.no_grad():
-                    F.scaled_dot_product_attention(qs[3 * j], qs[3 * j + 1], qs[3 * j + 2])
+                    attend(i % sets)
             fwd_ms = median_ms(fwd, 3, 20)
-            outs = [F.scaled_dot_product_attention(qs[3 * j], qs[3 * j + 1], qs[3 * j + 2])
-                    for j in range(sets)]
+            outs = [attend(j) for j in range(sets)]
 
             def bwd(i):
                 j = i % sets
-                torch.autograd.grad(outs[j], (qs[3 * j], qs[3 * j + 1], qs[3 * j + 2]), dos[j],
-                                    retain_graph=True)
+                torch.autograd.grad(outs[j], qkv[j], dos[j], retain_graph=True)
             bwd_ms = median_ms(bwd, 3, 20)
-        print(json.dumps({"S": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "backend": backend}), flush=True)
-        del qs, dos, outs
+        print(json.dumps({"shape": index, "S": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "backend": backend}),
+              flush=True)
+        del qkv, dos, outs
         torch.cuda.empty_cache()
 
 

@@ -27,10 +27,6 @@ extern const uint8_t fva_mufu_rcp_table_end[] __asm__("fva_mufu_rcp_table_end");
 
 namespace fva {
 
-namespace {
-constexpr uint32_t kFractions = 1u << 23;
-}  // namespace
-
 size_t mufu_reciprocal_table_bytes() {
   return static_cast<size_t>(fva_mufu_rcp_table_end - fva_mufu_rcp_table_begin);
 }
