@@ -31,7 +31,7 @@ fi
 # test: the Python packages the bindings' pytest suites need (the list .ci/run installs; jax before
 # CMake runs, which builds libfvattn_jax.so only when jax imports), where pip can install them. A
 # failed install is not fatal: the summary after ctest names each suite that could not run and why.
-python_packages=(numpy ml_dtypes cffi pytest jax setuptools wheel)
+python_packages=(numpy ml_dtypes cffi pytest jax setuptools wheel torch)
 if [ "$what" = test ] && [ "${FVATTN_NO_PIP:-0}" != 1 ] && command -v python3 >/dev/null; then
   py_missing=()
   for p in "${python_packages[@]}"; do

@@ -44,6 +44,10 @@ fvattn_pytest(python_jax_parallel numpy,pytest,ml_dtypes,jax REQUIRES_ENV FVATTN
   FILES tests/test_jax_parallel.py tests/test_jax_ring.py tests/test_jax_sharding.py)
 set_property(TEST python_jax_parallel APPEND PROPERTY ENVIRONMENT
   "XLA_FLAGS=--xla_force_host_platform_device_count=8")
+# fvattn.torch on CPU tensors (the CPU backend): the autograd functions, the whole VSA layer, the
+# tiling (tests/device/ holds them because bindings/gpu_tests.sh runs them on CUDA tensors too).
+fvattn_pytest(python_torch numpy,pytest,ml_dtypes,torch
+  FILES tests/device/test_torch.py tests/device/test_torch_vsa_layer.py)
 # The README's examples (its torch example skips, saying so, where PyTorch is not installed).
 fvattn_pytest(python_readme numpy,pytest,ml_dtypes,cffi,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
   FILES tests/test_readme.py)

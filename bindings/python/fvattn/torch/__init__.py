@@ -19,9 +19,9 @@ import threading
 
 import torch
 
-from . import ops
-from ._errors import Error, invalid_argument
-from .config import QatConfig, VsaConfig, block_tokens
+from .. import ops
+from .._errors import Error, invalid_argument
+from ..config import QatConfig, VsaConfig, block_tokens
 
 
 class QatAttentionFunction(torch.autograd.Function):
