@@ -79,7 +79,8 @@ class Call:
         return arr
 
     def byte_output(self, name, nbytes):
-        """A new 1-D uint8 output of nbytes (256-byte aligned data); self.bytes[name] = (ptr, n)."""
+        """A new 1-D uint8 output of nbytes (aligned data: 256 bytes, or for torch its allocator's
+        alignment); self.bytes[name] = (ptr, n)."""
         arr = self.kind.byte_buffer(nbytes)
         self.arrays[name] = arr
         self.bytes[name] = self.kind.byte_pointer(name, arr)

@@ -20,6 +20,7 @@ from . import _capi
 from ._errors import invalid_argument, with_layout_hint
 
 _ALIGN = 256  # bytes; the library needs 16, GPU allocators give 256, so host outputs match them
+_LIBRARY_ALIGN = 16  # bytes: what the library requires of every pointer
 
 
 def _module_root(obj):
@@ -161,7 +162,15 @@ class TorchKind:
         return buf, ptr + (-ptr) % _ALIGN
 
     def byte_buffer(self, nbytes):
-        buf = self.torch.empty(max(nbytes, 1) + _ALIGN, dtype=self.torch.uint8, device=self.dev)
+        # A tensor of its own (storage offset 0), so that torch.compile's fake tensors describe it
+        # exactly: torch's allocators align each allocation to 64 bytes (CPU) or more (CUDA), above
+        # the 16 the library needs. An allocator that gives less gets the over-allocated slice.
+        # Zeroed: the library leaves some of the reserve's bytes unwritten, and zeros make two runs
+        # of one call return equal tensors (torch.library.opcheck compares every output).
+        buf = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=self.dev)
+        if nbytes > 0 and buf.data_ptr() % _LIBRARY_ALIGN == 0:
+            return buf
+        buf = self.torch.zeros(max(nbytes, 1) + _ALIGN, dtype=self.torch.uint8, device=self.dev)
         off = (-buf.data_ptr()) % _ALIGN
         return buf[off:off + nbytes]
 

@@ -141,7 +141,7 @@ def block_tokens(block_size):
     if isinstance(block_size, numbers.Integral):
         n = 64 if block_size == 64 else int(block_size) ** 3
     else:
-        n = math.prod(int(b) for b in block_size)
+        n = math.prod([int(b) for b in block_size])  # a list: torch.compile traces math.prod of one
     if n != 64:
         raise Error(2, "FVA_ERR_UNSUPPORTED", f"block_size {block_size!r} makes {n}-token blocks; fvattn "
                     "supports 64-token blocks only ((4, 4, 4) tiles)")

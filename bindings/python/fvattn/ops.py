@@ -11,7 +11,7 @@ import operator
 
 import numpy as np
 
-from . import _capi
+from . import _capi, _handles
 from ._call import Call
 from ._errors import invalid_argument
 from ._frameworks import is_jax_array
@@ -173,6 +173,33 @@ def _layer_sizes(lib, c, cfg):
     ws, reserve = ctypes.c_size_t(0), ctypes.c_size_t(0)
     _capi.check(_capi.entry("fva_vsa_layer_sizes")(c.handle, ctypes.byref(cfg), c.t("q"), c.t("k"),
                                                     c.t("v"), ctypes.byref(ws), ctypes.byref(reserve)))
+    return ws.value, reserve.value
+
+
+# A stand-in data address for the size query of shapes alone: non-NULL and aligned, never read (the
+# query reads shapes, strides and dtypes only).
+_NO_DATA = 256
+
+
+def vsa_layer_sizes(device, dtype_code, q_shape, k_shape, v_shape, topk, softmax_scale=None):
+    """(workspace bytes, reserve bytes) of the VSA layer (fva_vsa_layer_sizes) for contiguous q, k, v
+    of these shapes and dtype (an fva dtype code, _capi.DTYPE_*) on device ("cpu", -1) or
+    ("cuda", ordinal), reading no tensor data: what an output-shape inference (a torch fake
+    implementation) needs to size the reserve without running the layer."""
+
+    def desc(shape):
+        shape = tuple(int(n) for n in shape)
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        return _capi.tensor(_NO_DATA, dtype_code, shape, strides)
+
+    cfg = _layer_config(topk, softmax_scale)
+    descs = [desc(s) for s in (q_shape, k_shape, v_shape)]
+    ws, reserve = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _capi.check(_capi.entry("fva_vsa_layer_sizes")(_handles.get(*device), ctypes.byref(cfg),
+                                                    *(ctypes.byref(d) for d in descs),
+                                                    ctypes.byref(ws), ctypes.byref(reserve)))
     return ws.value, reserve.value
 
 

@@ -1,5 +1,5 @@
-"""PyTorch autograd functions over fvattn, with FastVideo's call shapes, so that a FastVideo user
-switches by changing an import:
+"""PyTorch functions over fvattn, with FastVideo's call shapes, so that a FastVideo user switches by
+changing an import:
 
     from fvattn.torch import attention                       # FastVideo's Attn-QAT `attention`
     o = attention(q, k, v, causal, sm_scale)                 # same positional and keyword arguments
@@ -12,7 +12,10 @@ switches by changing an import:
     q = tile(q, (T, H, W)); sizes = tile_block_sizes((T, H, W), q.device); o = untile(o, (T, H, W))
 
 CUDA tensors run on their device with torch's current stream, CPU tensors on the library's CPU
-backend. Backward is the library's (FastVideo's gradients: straight through the quantizers).
+backend. Backward is the library's (FastVideo's gradients: straight through the quantizers). The
+operations are torch.library custom ops (fvattn::qat_forward, fvattn::vsa_forward,
+fvattn::vsa_layer_forward and their *_backward ops; _custom_ops.py), so torch.compile traces models
+that call them with fullgraph=True.
 Importing this module needs PyTorch; `import fvattn` does not.
 """
 import threading
@@ -21,27 +24,22 @@ import torch
 
 from .. import ops
 from .._errors import Error, invalid_argument
-from ..config import QatConfig, VsaConfig, block_tokens
+from ..config import QatConfig, VsaConfig, _scale, _scale_code, block_tokens, coerce
+from . import _custom_ops
+from ._custom_ops import OPS as CUSTOM_OPS
 
 
-class QatAttentionFunction(torch.autograd.Function):
-    """o = QAT attention(q, k, v) under a fvattn.QatConfig; backward by fva_qat_backward."""
+def _qat_op_args(config):
+    """A QatConfig (or a dict of its fields) as the custom ops' config arguments."""
+    c = coerce(config, QatConfig)
+    return (_scale(c.softmax_scale), bool(c.causal), bool(c.quantize), bool(c.smooth_k),
+            _scale_code("qkv_scale", c.qkv_scale), _scale_code("p_scale", c.p_scale),
+            bool(c.quantize_p_backward), bool(c.high_precision_o), bool(c.quantized_qkv_backward))
 
-    @staticmethod
-    def forward(ctx, q, k, v, config):
-        o, o_hp, lse = ops.qat_attention_forward(q, k, v, config)
-        # The backward's Delta uses o_hp when the config keeps it (FastVideo's use_high_prec_o).
-        ctx.save_for_backward(q, k, v, o_hp if o_hp is not None else o, lse)
-        ctx.config = config
-        return o
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, o_for_bwd, lse = ctx.saved_tensors
-        # Autograd may hand in broadcast (stride-0) or otherwise strided gradients; the library
-        # needs the last stride 1, so give it a dense copy.
-        dq, dk, dv = ops.qat_attention_backward(q, k, v, o_for_bwd, lse, dout.contiguous(), ctx.config)
-        return dq, dk, dv, None
+def _qat(q, k, v, config):
+    o, _, _ = _custom_ops.qat_forward(q, k, v, *_qat_op_args(config))
+    return o
 
 
 def attention(q, k, v, causal, sm_scale, use_qat_qkv_backward=True, smooth_k=True,
@@ -50,7 +48,7 @@ def attention(q, k, v, causal, sm_scale, use_qat_qkv_backward=True, smooth_k=Tru
     """FastVideo's Attn-QAT `attention` (same arguments and defaults: the kernel's own defaults,
     tile/row scales and smooth_k; its ATTN_QAT_TRAIN backend passes the production preset).
     warp_specialize is a kernel-tuning switch and is ignored; smooth_q is not offered (broken in
-    FastVideo, SPEC.md section 2)."""
+    FastVideo, SPEC.md section 2). The custom op fvattn::qat_forward (backward fvattn::qat_backward)."""
     del warp_specialize
     if smooth_q:
         raise Error(2, "FVA_ERR_UNSUPPORTED", "smooth_q: not offered (FastVideo's smooth_q is broken, "
@@ -61,12 +59,13 @@ def attention(q, k, v, causal, sm_scale, use_qat_qkv_backward=True, smooth_k=Tru
         p_scale="row" if two_level_quant_P else "tile" if use_global_sf_P else "block",
         quantize_p_backward=bool(fake_quant_P), high_precision_o=bool(use_high_prec_o),
         quantized_qkv_backward=bool(use_qat_qkv_backward))
-    return QatAttentionFunction.apply(q, k, v, config)
+    return _qat(q, k, v, config)
 
 
 def qat_attention(q, k, v, config=None):
-    """o = QAT attention under a fvattn.QatConfig (None: FastVideo's production preset)."""
-    return QatAttentionFunction.apply(q, k, v, config if config is not None else QatConfig())
+    """o = QAT attention under a fvattn.QatConfig (None: FastVideo's production preset); the custom
+    op fvattn::qat_forward (backward fvattn::qat_backward)."""
+    return _qat(q, k, v, config)
 
 
 def _int32(t):
@@ -74,54 +73,18 @@ def _int32(t):
     return t.to(torch.int32).contiguous()
 
 
-class VsaFunction(torch.autograd.Function):
-    """(o, lse) = VSA block-sparse attention; backward by fva_vsa_backward (lse not differentiable)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, q2k_idx, q2k_num, block_sizes, config):
-        idx, num, bs = _int32(q2k_idx), _int32(q2k_num), _int32(block_sizes)
-        o, lse = ops.vsa_forward(q, k, v, idx, num, bs, config)
-        ctx.save_for_backward(q, k, v, o, lse, idx, num, bs)
-        ctx.config = config
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, o, lse, idx, num, bs = ctx.saved_tensors
-        dq, dk, dv = ops.vsa_backward(q, k, v, o, lse, dout.contiguous(), idx, num, bs, ctx.config)
-        return dq, dk, dv, None, None, None, None
+def _vsa(q, k, v, q2k_idx, q2k_num, block_sizes, config):
+    c = coerce(config, VsaConfig)
+    return _custom_ops.vsa_forward(q, k, v, _int32(q2k_idx), _int32(q2k_num), _int32(block_sizes),
+                                   _scale(c.softmax_scale), int(c.block_size))
 
 
 def block_sparse_attn_from_indices(q, k, v, q2k_idx, q2k_num, variable_block_sizes, sm_scale=None):
     """FastVideo's VSA entry point: q, k, v [B, H, 64*n, D] (bf16, D 64 or 128), q2k_idx
     [B, H, nq, max_k], q2k_num [B, H, nq], variable_block_sizes [nkv]. Returns (o, lse), lse in
-    FastVideo's base-2 "M" format."""
-    return VsaFunction.apply(q, k, v, q2k_idx, q2k_num, variable_block_sizes,
-                             VsaConfig(softmax_scale=sm_scale))
-
-
-class VsaLayerFunction(torch.autograd.Function):
-    """out = the whole VSA layer (fvattn.video_sparse_attn); backward by fva_vsa_layer_backward on the
-    forward's reserve. Arguments: q, k, v, gate (or None), kv_block_sizes, q_block_sizes, topk,
-    softmax_scale (None: 1/sqrt(D)). The block sizes and topk get no gradient (SPEC 3b: the
-    selection is not differentiated)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, gate, kv_block_sizes, q_block_sizes, topk, softmax_scale):
-        kv_bs, q_bs = _block_sizes(kv_block_sizes, q), _block_sizes(q_block_sizes, q)
-        result = ops.video_sparse_attn(q, k, v, kv_bs, q_bs, topk, gate, softmax_scale=softmax_scale)
-        ctx.save_for_backward(q, k, v, gate, kv_bs, q_bs, result.reserve)
-        ctx.topk, ctx.softmax_scale = topk, softmax_scale
-        return result.out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, gate, kv_bs, q_bs, reserve = ctx.saved_tensors
-        dq, dk, dv, dgate = ops.video_sparse_attn_backward(
-            q, k, v, kv_bs, q_bs, ctx.topk, dout.contiguous(), reserve, gate,
-            softmax_scale=ctx.softmax_scale)
-        return dq, dk, dv, dgate, None, None, None, None
+    FastVideo's base-2 "M" format (not differentiable). The custom op fvattn::vsa_forward (backward
+    fvattn::vsa_backward)."""
+    return _vsa(q, k, v, q2k_idx, q2k_num, variable_block_sizes, VsaConfig(softmax_scale=sm_scale))
 
 
 def _block_sizes(sizes, like):
@@ -130,6 +93,13 @@ def _block_sizes(sizes, like):
     if not isinstance(sizes, torch.Tensor):
         sizes = torch.as_tensor(sizes)
     return sizes.to(device=like.device, dtype=torch.int32).contiguous()
+
+
+def _vsa_layer(q, k, v, gate, kv_block_sizes, q_block_sizes, topk, softmax_scale):
+    out, _ = _custom_ops.vsa_layer_forward(q, k, v, gate, _block_sizes(kv_block_sizes, q),
+                                           _block_sizes(q_block_sizes, q), int(topk),
+                                           _scale(softmax_scale))
+    return out
 
 
 def video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes, topk, block_size=64,
@@ -141,10 +111,39 @@ def video_sparse_attn(q, k, v, variable_block_sizes, q_variable_block_sizes, top
     blocks each q block attends; block_size: (4, 4, 4) (or 64); compress_attn_weight: the gate, like
     q, or None. Returns out like q: out_c[block] * gate + out_s (without gate: out_c[block] + out_s).
     Differentiable in q, k, v and the gate; where FastVideo's torch code would compute NaN (a block
-    of size 0), the library defines the result (docs/SPEC.md section 3b)."""
+    of size 0), the library defines the result (docs/SPEC.md section 3b). The custom op
+    fvattn::vsa_layer_forward (backward fvattn::vsa_layer_backward)."""
     block_tokens(block_size)
-    return VsaLayerFunction.apply(q, k, v, compress_attn_weight, variable_block_sizes,
-                                  q_variable_block_sizes, int(topk), None)
+    return _vsa_layer(q, k, v, compress_attn_weight, variable_block_sizes, q_variable_block_sizes,
+                      topk, None)
+
+
+class QatAttentionFunction:
+    """The former autograd.Function of QAT attention, kept for its callers:
+    QatAttentionFunction.apply(q, k, v, config) is qat_attention(q, k, v, config)."""
+
+    @staticmethod
+    def apply(q, k, v, config):
+        return _qat(q, k, v, config)
+
+
+class VsaFunction:
+    """The former autograd.Function of VSA, kept for its callers: VsaFunction.apply(q, k, v, q2k_idx,
+    q2k_num, block_sizes, config) returns (o, lse) as block_sparse_attn_from_indices does."""
+
+    @staticmethod
+    def apply(q, k, v, q2k_idx, q2k_num, block_sizes, config):
+        return _vsa(q, k, v, q2k_idx, q2k_num, block_sizes, config)
+
+
+class VsaLayerFunction:
+    """The former autograd.Function of the whole VSA layer, kept for its callers:
+    VsaLayerFunction.apply(q, k, v, gate, kv_block_sizes, q_block_sizes, topk, softmax_scale)
+    (softmax_scale None: 1/sqrt(D)) returns out as video_sparse_attn does."""
+
+    @staticmethod
+    def apply(q, k, v, gate, kv_block_sizes, q_block_sizes, topk, softmax_scale):
+        return _vsa_layer(q, k, v, gate, kv_block_sizes, q_block_sizes, topk, softmax_scale)
 
 
 # ---- FastVideo's tiling of a (T, H, W) latent ----------------------------------------------------
@@ -207,4 +206,5 @@ def tile_block_sizes(grid, device=None, tile_size=(4, 4, 4)):
 
 
 __all__ = ["attention", "qat_attention", "block_sparse_attn_from_indices", "video_sparse_attn", "tile",
-           "untile", "tile_block_sizes", "QatAttentionFunction", "VsaFunction", "VsaLayerFunction"]
+           "untile", "tile_block_sizes", "CUSTOM_OPS", "QatAttentionFunction", "VsaFunction",
+           "VsaLayerFunction"]
