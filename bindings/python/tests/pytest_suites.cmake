@@ -48,9 +48,9 @@ set_property(TEST python_jax_parallel APPEND PROPERTY ENVIRONMENT
 # tiling (tests/device/ holds them because bindings/gpu_tests.sh runs them on CUDA tensors too).
 fvattn_pytest(python_torch numpy,pytest,ml_dtypes,torch
   FILES tests/device/test_torch.py tests/device/test_torch_vsa_layer.py)
-# Sequence parallelism in PyTorch (fvattn.torch.distributed: Ulysses, ring attention) on CPU
-# tensors, over torch.distributed's gloo backend in 2 and 4 worker processes.
-fvattn_pytest(python_torch_distributed numpy,pytest,ml_dtypes,torch FILES tests/test_torch_distributed.py)
+# fvattn.torch's torch.library custom ops: torch.compile(fullgraph=True) with no graph break, compiled
+# equal to eager, and torch.library.opcheck on every op.
+fvattn_pytest(python_torch_compile numpy,pytest,ml_dtypes,torch FILES tests/test_torch_compile.py)
 # The README's examples (its torch example skips, saying so, where PyTorch is not installed).
 fvattn_pytest(python_readme numpy,pytest,ml_dtypes,cffi,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
   FILES tests/test_readme.py)
