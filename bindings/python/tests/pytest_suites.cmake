@@ -51,6 +51,9 @@ fvattn_pytest(python_torch numpy,pytest,ml_dtypes,torch
 # fvattn.torch's torch.library custom ops: torch.compile(fullgraph=True) with no graph break, compiled
 # equal to eager, and torch.library.opcheck on every op.
 fvattn_pytest(python_torch_compile numpy,pytest,ml_dtypes,torch FILES tests/test_torch_compile.py)
+# Sequence parallelism in PyTorch (fvattn.torch.distributed: Ulysses, ring attention) on CPU
+# tensors, over torch.distributed's gloo backend in 2 and 4 worker processes.
+fvattn_pytest(python_torch_distributed numpy,pytest,ml_dtypes,torch FILES tests/test_torch_distributed.py)
 # The README's examples (its torch example skips, saying so, where PyTorch is not installed).
 fvattn_pytest(python_readme numpy,pytest,ml_dtypes,cffi,jax REQUIRES_ENV FVATTN_JAX_LIBRARY
   FILES tests/test_readme.py)
