@@ -165,12 +165,12 @@ class TorchKind:
         # A tensor of its own (storage offset 0), so that torch.compile's fake tensors describe it
         # exactly: torch's allocators align each allocation to 64 bytes (CPU) or more (CUDA), above
         # the 16 the library needs. An allocator that gives less gets the over-allocated slice.
-        # Zeroed: the library leaves some of the reserve's bytes unwritten, and zeros make two runs
-        # of one call return equal tensors (torch.library.opcheck compares every output).
-        buf = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=self.dev)
+        # Not zeroed: a VSA layer reserve is hundreds of MB at video lengths, and the bytes the
+        # library leaves unwritten (the padding between its regions) carry no meaning.
+        buf = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.dev)
         if nbytes > 0 and buf.data_ptr() % _LIBRARY_ALIGN == 0:
             return buf
-        buf = self.torch.zeros(max(nbytes, 1) + _ALIGN, dtype=self.torch.uint8, device=self.dev)
+        buf = self.torch.empty(max(nbytes, 1) + _ALIGN, dtype=self.torch.uint8, device=self.dev)
         off = (-buf.data_ptr()) % _ALIGN
         return buf[off:off + nbytes]
 
