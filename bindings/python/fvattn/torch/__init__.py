@@ -37,18 +37,22 @@ def _qat_op_args(config):
             bool(c.quantize_p_backward), bool(c.high_precision_o), bool(c.quantized_qkv_backward))
 
 
-def _qat(q, k, v, config):
-    o, _, _ = _custom_ops.qat_forward(q, k, v, *_qat_op_args(config))
-    return o
+def _qat(q, k, v, config, return_lse=False):
+    o, _, lse = _custom_ops.qat_forward(q, k, v, *_qat_op_args(config))
+    return (o, lse) if return_lse else o
 
 
 def attention(q, k, v, causal, sm_scale, use_qat_qkv_backward=True, smooth_k=True,
               warp_specialize=True, IS_QAT=True, two_level_quant_P=True, fake_quant_P=True,
-              use_high_prec_o=False, smooth_q=False, use_global_sf_P=True, use_global_sf_QKV=True):
+              use_high_prec_o=False, smooth_q=False, use_global_sf_P=True, use_global_sf_QKV=True,
+              return_lse=False):
     """FastVideo's Attn-QAT `attention` (same arguments and defaults: the kernel's own defaults,
     tile/row scales and smooth_k; its ATTN_QAT_TRAIN backend passes the production preset).
     warp_specialize is a kernel-tuning switch and is ignored; smooth_q is not offered (broken in
-    FastVideo, SPEC.md section 2). The custom op fvattn::qat_forward (backward fvattn::qat_backward)."""
+    FastVideo, SPEC.md section 2). return_lse=True (an addition to FastVideo's arguments) returns
+    (o, lse): lse float32 [B, H, S], base 2, not differentiable, what a merge of partial attentions
+    (ring attention, split keys) needs. The custom op fvattn::qat_forward (backward
+    fvattn::qat_backward)."""
     del warp_specialize
     if smooth_q:
         raise Error(2, "FVA_ERR_UNSUPPORTED", "smooth_q: not offered (FastVideo's smooth_q is broken, "
@@ -59,13 +63,14 @@ def attention(q, k, v, causal, sm_scale, use_qat_qkv_backward=True, smooth_k=Tru
         p_scale="row" if two_level_quant_P else "tile" if use_global_sf_P else "block",
         quantize_p_backward=bool(fake_quant_P), high_precision_o=bool(use_high_prec_o),
         quantized_qkv_backward=bool(use_qat_qkv_backward))
-    return _qat(q, k, v, config)
+    return _qat(q, k, v, config, return_lse)
 
 
-def qat_attention(q, k, v, config=None):
-    """o = QAT attention under a fvattn.QatConfig (None: FastVideo's production preset); the custom
-    op fvattn::qat_forward (backward fvattn::qat_backward)."""
-    return _qat(q, k, v, config)
+def qat_attention(q, k, v, config=None, return_lse=False):
+    """o = QAT attention under a fvattn.QatConfig (None: FastVideo's production preset), or (o, lse)
+    with return_lse=True (lse float32 [B, H, S], base 2, not differentiable); the custom op
+    fvattn::qat_forward (backward fvattn::qat_backward)."""
+    return _qat(q, k, v, config, return_lse)
 
 
 def _int32(t):

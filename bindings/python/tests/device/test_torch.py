@@ -46,6 +46,29 @@ def test_attention_plain_mode_against_sdpa(device, causal, hq, hkv, s):
         assert rel_l2(t64(got), t64(ref)) <= 1e-2, name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_return_lse_gives_the_rows_log2_sum(device):
+    # lse (base 2) of plain attention against the float64 log-sum-exp of the scaled scores, causal;
+    # o is the same tensor as without return_lse, and gradients flow through o alone.
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 96, 64, generator=gen).to(device, torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    o, lse = on_device(ft.attention, q, k, v, True, 0.125, IS_QAT=False, smooth_k=False, return_lse=True)
+    o_only = on_device(ft.attention, q, k, v, True, 0.125, IS_QAT=False, smooth_k=False)
+    assert torch.equal(o, o_only)
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 96) and not lse.requires_grad
+    s = t64(q) @ np.swapaxes(t64(k), -1, -2) * 0.125
+    s = np.where(np.tril(np.ones((96, 96), bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    want = (m[..., 0] + np.log(np.exp(s - m).sum(-1))) / np.log(2.0)
+    assert np.abs(t64(lse) - want).max() <= 1e-3 * np.abs(want).max()
+    o.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad.float()).all()
+    cfg = fvattn.QatConfig(quantize=False, causal=True, softmax_scale=0.125, smooth_k=False)
+    o2, lse2 = on_device(ft.qat_attention, q, k, v, cfg, return_lse=True)
+    assert torch.equal(o2, o) and torch.equal(lse2, lse)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("kwargs", [{}, dict(smooth_k=False, two_level_quant_P=False, use_global_sf_P=False,
                                               use_global_sf_QKV=False, use_high_prec_o=True)])
