@@ -6,7 +6,8 @@
 # BUILD_DIR must hold libfvattn.so.1 and bindings/jax/libfvattn_jax.so (CMake builds the latter when
 # the build's Python can import jax). Runs the CPU suites too (the same ones CTest runs), then the
 # device suites: fvattn.torch against SDPA on CUDA, QAT on CUDA against the CPU backend, VSA, the
-# caller's stream, CuPy, JAX on CUDA (values, grads, vmap, a jitted training step).
+# caller's stream, CuPy, JAX on CUDA (values, grads, vmap, a jitted training step), one round of
+# fvattn.torch.distributed over NCCL (a world of one) and the custom ops compiled on CUDA tensors.
 # Exit status: pytest's (0 only if nothing failed). A test the GPU cannot run yet (the library has no
 # CUDA kernel for it) is reported as skipped with the library's message; -rs lists every skip.
 set -uo pipefail
