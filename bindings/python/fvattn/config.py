@@ -132,6 +132,21 @@ def coerce(config, cls, argname="config"):
                     f"not {type(config).__module__}.{type(config).__qualname__}")
 
 
+def ring_attention_config(config):
+    """The QatConfig a ring attention computes (None: plain attention, non-causal), checked: a ring
+    refuses what it cannot compute exactly (fvattn.jax.parallel and fvattn.torch.distributed)."""
+    cfg = QatConfig(quantize=False) if config is None else coerce(config, QatConfig)
+    if cfg.quantize:
+        raise invalid_argument("ring_attention: config.quantize must be False (plain attention): NVFP4's "
+                               "quantized P depends on each row's running maximum, which a ring changes; "
+                               "use ulysses for QAT attention")
+    if cfg.smooth_k:
+        raise invalid_argument("ring_attention: config.smooth_k subtracts K's mean over the whole "
+                               "sequence, which no shard holds; it changes no output of plain "
+                               "attention, so leave it False")
+    return cfg
+
+
 def block_tokens(block_size):
     """Tokens per block of FastVideo's video_sparse_attn block_size argument: a tuple (4, 4, 4) is a
     4x4x4 tile; an int b the cube (b, b, b), as FastVideo reads it, except 64 itself, also taken as

@@ -31,8 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .._errors import invalid_argument
-from ..config import QatConfig, coerce
+from ..config import ring_attention_config
 
 __all__ = ["ulysses", "ring_attention", "sequence_to_heads", "heads_to_sequence"]
 
@@ -101,20 +100,6 @@ def _merge(o1, l1, o2, l2):
     o = (o1.astype(jnp.float32) * w1[..., None] + o2.astype(jnp.float32) * w2[..., None])
     o = jnp.where(total[..., None] > 0, o / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
     return o, jnp.where(total > 0, safe + jnp.log2(jnp.where(total > 0, total, 1.0)), -jnp.inf)
-
-
-def _ring_config(config):
-    """The QatConfig a ring computes (None: plain attention), refused where a ring cannot."""
-    cfg = QatConfig(quantize=False) if config is None else coerce(config, QatConfig)
-    if cfg.quantize:
-        raise invalid_argument("ring_attention: config.quantize must be False (plain attention): NVFP4's "
-                               "quantized P depends on each row's running maximum, which a ring changes; "
-                               "use ulysses for QAT attention")
-    if cfg.smooth_k:
-        raise invalid_argument("ring_attention: config.smooth_k subtracts K's mean over the whole "
-                               "sequence, which no device holds; it changes no output of plain "
-                               "attention, so leave it False")
-    return cfg
 
 
 def _ring_configs(cfg):
@@ -245,4 +230,4 @@ def ring_attention(q, k, v, axis_name, config=None):
     merges its q shard's partial outputs exactly through their lse, and the backward sends k, v
     around again with their gradients. Returns the output's sequence shard. The result is the
     single-device one up to the dtype's rounding of the partial outputs (within SPEC's bounds)."""
-    return _ring(q, k, v, axis_name, _Key(_ring_config(config)))  # refused at trace time
+    return _ring(q, k, v, axis_name, _Key(ring_attention_config(config)))  # refused at trace time

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from .. import ops
 from .._errors import invalid_argument
-from ..config import QatConfig, coerce
+from ..config import ring_attention_config
 
 __all__ = ["ulysses", "ring_attention", "sequence_to_heads", "heads_to_sequence"]
 
@@ -192,21 +192,6 @@ def _merge(o1, l1, o2, l2):
     return o, lse
 
 
-def _ring_config(config):
-    """The QatConfig a ring computes (None: plain attention, non-causal), refused where a ring
-    cannot."""
-    cfg = QatConfig(quantize=False) if config is None else coerce(config, QatConfig)
-    if cfg.quantize:
-        raise invalid_argument("ring_attention: config.quantize must be False (plain attention): NVFP4's "
-                               "quantized P depends on each row's running maximum, which a ring changes; "
-                               "use ulysses for QAT attention")
-    if cfg.smooth_k:
-        raise invalid_argument("ring_attention: config.smooth_k subtracts K's mean over the whole "
-                               "sequence, which no rank holds; it changes no output of plain "
-                               "attention, so leave it False")
-    return cfg
-
-
 class _Ring:
     """The process group's ring: rank i sends to i + 1 and receives from i - 1 (mod P)."""
 
@@ -316,5 +301,5 @@ def ring_attention(q, k, v, config=None, group=None):
     around again with their gradients. Returns the output's sequence shard [B, Hq, S/P, D]. The
     result is the single-process one up to the dtype's rounding of the partial outputs (within
     SPEC's bounds). NVFP4-quantized configs are refused (fvattn.Error)."""
-    cfg = _ring_config(config)
+    cfg = ring_attention_config(config)
     return _RingAttention.apply(q, k, v, cfg, group)
