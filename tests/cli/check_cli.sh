@@ -50,7 +50,7 @@ expect_not_in "$out/demo-help.out" "PASS|FAIL|backend:" "fvattn demo --help ran 
 # Each usage lists its own options (bench keeps every option ab_table.py's runs and docs use).
 for o in --seq --heads --seed --runs; do expect_in "$out/demo-help.out" "$o " "demo --help lists $o"; done
 for o in --seq --batch --heads --dim --iters --warmup --density --json --no-sdpa --kernels \
-         --deterministic --lists --ops --qat-preset --settle --layer --topk; do
+         --deterministic --lists --ops --qat-preset --settle --layer --topk --suite; do
   expect_in "$out/bench-help.out" "$o( |$)" "bench --help lists $o"
 done
 expect_not_in "$out/bench-help.out" "issue 5" "bench --help speaks of an issue"
@@ -78,6 +78,12 @@ expect_in "$out/bad-value.err" "--runs" "fvattn demo --runs zero: names the opti
 run bad-seq bench --seq 100
 expect_rc bad-seq 2 "fvattn bench --seq 100"
 expect_in "$out/bad-seq.err" "multiple" "fvattn bench --seq 100: says why"
+run bad-suite bench --suite round9
+expect_rc bad-suite 2 "fvattn bench --suite round9"
+expect_in "$out/bad-suite.err" "round2" "fvattn bench --suite round9: names the suite there is"
+run suite-layer bench --suite round2 --ops layer --layer 4,8,8
+expect_rc suite-layer 2 "fvattn bench --suite round2 --ops layer"
+expect_in "$out/suite-layer.err" "--suite" "fvattn bench --suite round2 --ops layer: says why"
 
 # No GPU here (what `fvattn info` reports): bench fails, naming the missing driver/device and that
 # it needs a GPU; info and demo's probe never reads as if the user had asked for CUDA.

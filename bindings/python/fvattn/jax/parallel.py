@@ -17,7 +17,11 @@ Attention heads are independent, so the result is the single-device one (bit for
 Under jax.shard_map every argument is a shard; jax.grad of the mapped function gives the
 gradients of the single-device computation (an all-to-all's transpose is the reverse all-to-all).
 Requirements: the mesh axis size n divides the heads of q and of k, v (GQA: both counts), and
-each device's sequence shard is whole 64-token blocks for VSA (S / n a multiple of 64).
+each device's sequence shard is whole 64-token blocks for VSA (S / n a multiple of 64). With
+config.smooth_k (K's mean over (B, H, Skv)) each device subtracts the mean of its own heads, as
+FastVideo's DistributedAttention does: plain attention's output does not depend on it, NVFP4-quantized
+attention's does, by about the quantization's own noise; for the single-device result of quantized
+attention, leave smooth_k off (QatConfig's default).
 
 Ring attention (ring_attention) keeps every head on every device and passes the k, v shards around
 the ring instead: each device attends its q shard to each k, v shard in turn and merges the partial
