@@ -25,8 +25,9 @@
 namespace fva {
 
 #if !defined(__CUDA_ARCH__)
-// MUFU.RCP of a normal y with |y| <= 2^126 (every y div.full.f32 passes it), from the measured
-// table; host only (src/nvfp4/mufu_reciprocal.cpp, the static library fvattn_nvfp4_host).
+// MUFU.RCP of y, from the measured table, for every y div.full.f32 passes it: a normal y with
+// |y| <= 2^126, or zero, inf or NaN (exact: +-inf, +-0, the NaN); host only
+// (src/nvfp4/mufu_reciprocal.cpp, the static library fvattn_nvfp4_host).
 float mufu_reciprocal(float y);
 // The table itself, for its tests: its size in bytes, and fraction f's code (0, 1 or 2, above).
 size_t mufu_reciprocal_table_bytes();
@@ -42,14 +43,8 @@ FVA_HD float fastvideo_div(float x, float y) {
   const float ay = std::fabs(y);
   if (ay > 0x1p126f) x *= 0.25f, y *= 0.25f;
   if (!(ay >= 0x1p-126f)) x *= 0x1p24f, y *= 0x1p24f;
-  // After the scaling y is normal, or zero, inf or NaN (whose reciprocals are exact).
-  const float ys = std::fabs(y);
-  float r;
-  if (std::isnan(y)) r = y;
-  else if (ys == 0.0f) r = std::copysign(INFINITY, y);
-  else if (std::isinf(y)) r = std::copysign(0.0f, y);
-  else r = mufu_reciprocal(y);
-  return r * x;
+  // After the scaling y is normal, or zero, inf or NaN.
+  return mufu_reciprocal(y) * x;
 #endif
 }
 

@@ -39,6 +39,20 @@ float mufu_reciprocal(float y) {
   uint32_t b;
   std::memcpy(&b, &y, 4);
   const uint32_t sign = b & 0x80000000u, exponent = (b >> 23) & 0xFFu, fraction = b & 0x7FFFFFu;
+  // Zero, inf and NaN have exact reciprocals: +-inf, +-0, the NaN.
+  if (exponent == 0xFFu) {
+    if (fraction != 0) return y;
+    const uint32_t zero = sign;
+    float out;
+    std::memcpy(&out, &zero, 4);
+    return out;
+  }
+  if (exponent == 0 && fraction == 0) {
+    const uint32_t inf = sign | 0x7F800000u;
+    float out;
+    std::memcpy(&out, &inf, 4);
+    return out;
+  }
   // rcp(m) for m = 1 + fraction 2^-23 lies in (1/2, 1]: the correctly rounded one, then the
   // measured step; 2^(127 - exponent) places it (the result is normal for every normal |y| <= 2^126).
   uint32_t m_bits = 0x3F800000u | fraction;

@@ -13,7 +13,7 @@
 #include <thread>
 
 namespace fva {
-float mufu_reciprocal(float y);  // the GPU's MUFU.RCP for a normal |y| <= 2^126 (fvattn_nvfp4_host)
+float mufu_reciprocal(float y);  // the GPU's MUFU.RCP, what div.full.f32 passes it (fvattn_nvfp4_host)
 }  // namespace fva
 
 namespace ref64 {
@@ -81,12 +81,7 @@ float fastvideo_div(float a, float b) {
   const float ab = std::fabs(b);
   if (ab > 0x1p126f) a *= 0.25f, b *= 0.25f;
   if (!(ab >= 0x1p-126f)) a *= 0x1p24f, b *= 0x1p24f;
-  float r;
-  if (std::isnan(b)) r = b;
-  else if (b == 0.0f) r = std::copysign(std::numeric_limits<float>::infinity(), b);
-  else if (std::isinf(b)) r = std::copysign(0.0f, b);
-  else r = fva::mufu_reciprocal(b);
-  return a * r;
+  return a * fva::mufu_reciprocal(b);
 }
 
 // Fake-quantizes one group of n <= 16 values with second-level encode factor enc (fp32). The scale
