@@ -244,21 +244,28 @@ double element(int32_t dtype, const uint8_t* p) {
   return sign * (e ? std::ldexp(1024 + m, e - 25) : std::ldexp(m, -24));
 }
 
-// Sum of squares of tensor x's finite host values (its CPU result).
-double sum_of_squares(const Tensor& x) {
-  const fva_tensor_t& t = x.host;
-  const size_t es = fvadesc::dtype_size(t.dtype);
-  double sum = 0;
+// Calls visit(byte offset) for each element of t in logical order (any strides, rank <= 4).
+template <typename Visit>
+void for_each_element(const fva_tensor_t& t, Visit visit) {
+  const int64_t es = static_cast<int64_t>(fvadesc::dtype_size(t.dtype));
   int64_t idx[4] = {0, 0, 0, 0};
   for (;;) {
     int64_t off = 0;
     for (int d = 0; d < t.rank; ++d) off += idx[d] * t.strides[d];
-    const double r = element(t.dtype, x.bytes.data() + off * static_cast<int64_t>(es));
-    if (std::isfinite(r)) sum += r * r;
+    visit(off * es);
     int d = t.rank - 1;
     while (d >= 0 && ++idx[d] == t.shape[d]) idx[d--] = 0;
     if (d < 0) break;
   }
+}
+
+// Sum of squares of tensor x's finite host values (its CPU result).
+double sum_of_squares(const Tensor& x) {
+  double sum = 0;
+  for_each_element(x.host, [&](int64_t at) {
+    const double r = element(x.host.dtype, x.bytes.data() + at);
+    if (std::isfinite(r)) sum += r * r;
+  });
   return sum;
 }
 
@@ -270,13 +277,9 @@ std::string compare(const Tensor& x, const std::vector<uint8_t>& dev, double tol
   const size_t es = fvadesc::dtype_size(t.dtype);
   double num = 0, den = 0;
   int64_t n = 0, bad_class = 0, bad_bits = 0;
-  int64_t idx[4] = {0, 0, 0, 0};
-  const int rank = t.rank;
-  for (;;) {
-    int64_t off = 0;
-    for (int d = 0; d < rank; ++d) off += idx[d] * t.strides[d];
-    const uint8_t* a = x.bytes.data() + off * static_cast<int64_t>(es);
-    const uint8_t* b = dev.data() + off * static_cast<int64_t>(es);
+  for_each_element(t, [&](int64_t at) {
+    const uint8_t* a = x.bytes.data() + at;
+    const uint8_t* b = dev.data() + at;
     const double r = element(t.dtype, a), g = element(t.dtype, b);
     if (tol == 0) {
       bad_bits += std::memcmp(a, b, es) != 0 && !(std::isnan(r) && std::isnan(g));
@@ -286,10 +289,7 @@ std::string compare(const Tensor& x, const std::vector<uint8_t>& dev, double tol
       ++bad_class;
     }
     ++n;
-    int d = rank - 1;
-    while (d >= 0 && ++idx[d] == t.shape[d]) idx[d--] = 0;
-    if (d < 0) break;
-  }
+  });
   if (bad_bits) return fmt::format("{}: {} of {} elements differ bit for bit", name, bad_bits, n);
   if (bad_class) return fmt::format("{}: {} of {} elements differ in NaN/Inf", name, bad_class, n);
   const double e = std::sqrt(num / std::max({den, floor_sq, 1e-6 * static_cast<double>(n)}));
@@ -303,15 +303,8 @@ ref64::Tensor to_ref(const Tensor& x) {
   ref64::Tensor r;
   r.shape = {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
   r.data.resize(static_cast<size_t>(r.shape.numel()));
-  const size_t es = fvadesc::dtype_size(t.dtype);
   size_t i = 0;
-  for (int64_t b = 0; b < t.shape[0]; ++b)
-    for (int64_t h = 0; h < t.shape[1]; ++h)
-      for (int64_t q = 0; q < t.shape[2]; ++q)
-        for (int64_t d = 0; d < t.shape[3]; ++d) {
-          const int64_t off = b * t.strides[0] + h * t.strides[1] + q * t.strides[2] + d * t.strides[3];
-          r.data[i++] = element(t.dtype, x.bytes.data() + off * static_cast<int64_t>(es));
-        }
+  for_each_element(t, [&](int64_t at) { r.data[i++] = element(t.dtype, x.bytes.data() + at); });
   return r;
 }
 
