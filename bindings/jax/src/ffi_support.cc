@@ -126,19 +126,22 @@ ffi::Error make_operand(const char* name, const ffi::AnyBuffer& b, int base_rank
   return ffi::Error::Success();
 }
 
-ffi::Error make_bytes(const char* name, const ffi::AnyBuffer& b, bool is_output, Operand* out) {
+ffi::Error make_bytes(const char* name, const ffi::AnyBuffer& b, int base_rank, bool is_output,
+                      Operand* out) {
   if (b.element_type() != ffi::DataType::U8)
     return ffi::Error::InvalidArgument(std::string(name) + ": element type must be uint8 (raw bytes)");
   out->name = name;
   out->data = static_cast<char*>(b.untyped_data());
   out->dtype = 0;  // not an fvattn tensor: passed on as (data, bytes)
   out->esize = 1;
-  out->base_rank = 1;
+  out->base_rank = base_rank;
   out->is_output = is_output;
   const auto dims = b.dimensions();
   out->dims.assign(dims.begin(), dims.end());
-  if (out->dims.empty())
-    return ffi::Error::InvalidArgument(std::string(name) + ": rank is 0 but must be 1");
+  if (out->dims.size() < static_cast<size_t>(base_rank))
+    return ffi::Error::InvalidArgument(std::string(name) + ": rank is " +
+                                       std::to_string(out->dims.size()) + " but must be at least " +
+                                       std::to_string(base_rank));
   return ffi::Error::Success();
 }
 

@@ -58,9 +58,11 @@ inline ffi::Error make_output(const char* name, const ffi::AnyBuffer& b, int bas
   return make_operand(name, b, base_rank, out);
 }
 
-// A buffer of raw bytes (uint8, one dimension plus vmap's leading ones), such as the VSA layer's
-// reserve: the library gets a slice as (data, shape[0] bytes), not as a tensor.
-ffi::Error make_bytes(const char* name, const ffi::AnyBuffer& b, bool is_output, Operand* out);
+// A buffer of raw bytes (uint8, base_rank dimensions plus vmap's leading ones), such as the VSA
+// layer's reserve: the library gets a slice as (data, the product of its dimensions in bytes), not
+// as a tensor.
+ffi::Error make_bytes(const char* name, const ffi::AnyBuffer& b, int base_rank, bool is_output,
+                      Operand* out);
 
 // The batch the leading dimensions describe: the loop runs the library once per element, each
 // operand's slice found from its own leading dims (size 1: the same slice for every element).

@@ -1,8 +1,10 @@
 // XLA FFI handlers of the whole VSA layer (fva_vsa_layer_forward / fva_vsa_layer_backward), with
 // and without the gate, for the cpu and CUDA platforms. The config arrives as attributes
-// softmax_scale (f32), block_size and topk (int32). The reserve is a uint8 buffer [R] (R from
-// fva_vsa_layer_sizes at trace time, a multiple of 256): a result of the forward, an operand of the
-// backward; under vmap each batch element has its own [R] slice.
+// softmax_scale (f32), block_size and topk (int32). The reserve is a uint8 buffer [B, Hq, R]
+// (R bytes per batch element and q head, a multiple of 256, chosen at trace time so that the whole
+// buffer, and the buffer of any batch and head shard, covers what fva_vsa_layer_sizes asks): a
+// result of the forward, an operand of the backward, passed on as one block of B * Hq * R bytes;
+// under vmap each batch element has its own [B, Hq, R] slice.
 #include <utility>
 
 #include "platforms.h"
@@ -21,8 +23,15 @@ fva_vsa_layer_config_t layer_config(float softmax_scale, int32_t block_size, int
   return c;
 }
 
-// The bytes of a byte operand's slice (its one base dimension).
-size_t slice_bytes(const fva_tensor_t* t) { return static_cast<size_t>(t->shape[0]); }
+// The bytes of a byte operand's slice (the product of its base dimensions).
+size_t slice_bytes(const fva_tensor_t* t) {
+  size_t n = 1;
+  for (int i = 0; i < t->rank; ++i) n *= static_cast<size_t>(t->shape[i]);
+  return n;
+}
+
+// The reserve's base rank: [B, Hq, R].
+constexpr int kReserveRank = 3;
 
 ffi::Error forward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, const AnyBuffer* gate,
                    AnyBuffer q_block_sizes, AnyBuffer kv_block_sizes, float scale,
@@ -39,7 +48,7 @@ ffi::Error forward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, const 
   FVATTN_JAX_TRY(make_output("out", *out, 4, &oo));
   FVATTN_JAX_TRY(make_output("q2k_idx", *q2k_idx, 4, &oi));
   FVATTN_JAX_TRY(make_output("q2k_num", *q2k_num, 3, &on));
-  FVATTN_JAX_TRY(make_bytes("reserve", *reserve, true, &ores));
+  FVATTN_JAX_TRY(make_bytes("reserve", *reserve, kReserveRank, true, &ores));
   const std::vector<const Operand*> ops{&oq,  &ok, &ov, gate ? &og : nullptr, &oqbs, &okvbs,
                                         &oo, &oi, &on, &ores};
   Batch batch;
@@ -68,7 +77,7 @@ ffi::Error backward(const Exec& ex, AnyBuffer q, AnyBuffer k, AnyBuffer v, const
   FVATTN_JAX_TRY(make_operand("q_block_sizes", q_block_sizes, 1, &oqbs));
   FVATTN_JAX_TRY(make_operand("kv_block_sizes", kv_block_sizes, 1, &okvbs));
   FVATTN_JAX_TRY(make_operand("dout", dout, 4, &odo));
-  FVATTN_JAX_TRY(make_bytes("reserve", reserve, false, &ores));
+  FVATTN_JAX_TRY(make_bytes("reserve", reserve, kReserveRank, false, &ores));
   FVATTN_JAX_TRY(make_output("dq", *dq, 4, &odq));
   FVATTN_JAX_TRY(make_output("dk", *dk, 4, &odk));
   FVATTN_JAX_TRY(make_output("dv", *dv, 4, &odv));

@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import fvattn  # noqa: E402
 import fvattn.jax as fj  # noqa: E402
+from fvattn.jax import _primitives  # noqa: E402
 from jax_devices import assert_same, loss_of, mesh_of, normal  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce")
@@ -71,6 +72,43 @@ def test_vsa_attention_runs_per_shard(mesh):
     for a, b in zip(jax.jit(grad)(*args), grad(q, k, v, idx, num, sizes)):
         assert_same(a, b)
     assert collectives(grad, *args) == []
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_vsa_layer_runs_per_shard(mesh, gated):
+    """The whole VSA layer (block means, coarse attention, selection, gate, fine branch) and its
+    gradients, GQA, ragged and empty blocks: per shard, no collective, one device's bits. Its reserve
+    [B, Hq, R] is split with q."""
+    rng = np.random.default_rng()
+    B, Hq, Hkv, D, topk = 2, 8, 4, 64, 2
+    q_bs, kv_bs = np.array([64, 40, 7], np.int32), np.array([64, 0, 33, 64], np.int32)
+
+    def make(h, sizes):
+        real = (np.arange(64)[None, :] < sizes[:, None]).reshape(-1)
+        return jnp.where(real[None, None, :, None], normal(rng, (B, h, 64 * len(sizes), D)),
+                         0).astype(jnp.bfloat16)
+
+    q, k, v, g = make(Hq, q_bs), make(Hkv, kv_bs), make(Hkv, kv_bs), make(Hq, q_bs)
+    q_bs, kv_bs = jnp.asarray(q_bs), jnp.asarray(kv_bs)
+    if gated:
+        layer = lambda q, k, v, g: fj.video_sparse_attn(q, k, v, kv_bs, q_bs, topk, (4, 4, 4), g)  # noqa: E731
+    else:
+        layer = lambda q, k, v, g: fj.video_sparse_attn(q, k, v, kv_bs, q_bs, topk, (4, 4, 4))  # noqa: E731
+    args = [put(mesh, x, P("dp", "tp")) for x in (q, k, v, g)]
+    o = jax.jit(layer)(*args)
+    assert_same(o, layer(q, k, v, g))
+    assert o.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", "tp")), o.ndim)
+    assert collectives(layer, *args) == []
+    argnums = (0, 1, 2, 3) if gated else (0, 1, 2)
+    grad = jax.grad(loss_of(layer), argnums=argnums)
+    for a, b in zip(jax.jit(grad)(*args), grad(q, k, v, g)):
+        assert_same(a, b)
+    assert collectives(grad, *args) == []
+    # The low-level forward's reserve is [B, Hq, R] and keeps q's sharding.
+    forward = lambda q, k, v, g: _primitives.vsa_layer_forward(q, k, v, kv_bs, q_bs, topk, g).reserve  # noqa: E731
+    res = jax.jit(forward)(*args)
+    assert res.shape[:2] == (B, Hq) and res.dtype == jnp.uint8
+    assert res.sharding.is_equivalent_to(NamedSharding(mesh, P("dp", "tp")), res.ndim)
 
 
 def test_batch_only_and_undivided_heads(mesh):

@@ -155,19 +155,27 @@ def _layer_sizes(h, cfg, tq, tk, tv):
     return ws.value, reserve.value
 
 
-def check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg):
-    """Checks a VSA layer forward's arguments; returns the reserve's size: the largest any backend
-    this process may run it on asks (the CPU backend, and the CUDA backend of each GPU JAX sees)."""
-    lib, h = _cpu()
+def _largest_layer_reserve(h, cfg, q_shape, q_dtype, k_shape, v_shape):
+    """The largest reserve any backend this process may run the layer on asks for these shapes (the
+    CPU backend, through h, and the CUDA backend of each GPU JAX sees)."""
     p = Placeholders()
-    tq, tk, tv = p("q", q.shape, q.dtype), p("k", k.shape, k.dtype), p("v", v.shape, v.dtype)
-    ws, reserve = _layer_sizes(h, cfg, tq, tk, tv)
-    sizes = [reserve]
+    tq, tk, tv = p("q", q_shape, q_dtype), p("k", k_shape, q_dtype), p("v", v_shape, q_dtype)
+    sizes = [_layer_sizes(h, cfg, tq, tk, tv)[1]]
     for ordinal in _jax_cuda_ordinals():
         try:
             sizes.append(_layer_sizes(_handles.get("cuda", ordinal), cfg, tq, tk, tv)[1])
         except Exception:  # noqa: BLE001 - no usable CUDA handle: the CPU's size stands
             pass
+    return max(sizes)
+
+
+def check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg):
+    """Checks a VSA layer forward's arguments; returns the reserve's size: the largest any backend
+    this process may run it on asks."""
+    lib, h = _cpu()
+    p = Placeholders()
+    tq, tk, tv = p("q", q.shape, q.dtype), p("k", k.shape, k.dtype), p("v", v.shape, v.dtype)
+    ws, reserve = _layer_sizes(h, cfg, tq, tk, tv)
     if ws > 0:
         # The call itself, with one byte of workspace too few: it checks every argument (gate, the
         # block sizes, topk) and, if they pass, refuses the workspace having touched nothing.
@@ -181,12 +189,32 @@ def check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg):
             p("q2k_num", shape[:2] + (nq,), np.int32), p.raw(reserve), reserve, None, ws - 1, None)
         if st != STATUS_CODES["FVA_ERR_WORKSPACE_TOO_SMALL"]:
             _capi.check(st)
-    return max(sizes)
+    return _largest_layer_reserve(h, cfg, q.shape, q.dtype, k.shape, v.shape)
+
+
+def layer_reserve_bytes_per_head(q, k, v, cfg, needed):
+    """R, the reserve's bytes per batch element and q head (the JAX reserve is uint8 [B, Hq, R]): a
+    multiple of 256, at least needed / (B Hq), and at least what one batch element with one q and
+    one kv head asks. Every region of the reserve grows linearly with B Hq or B Hkv (Hkv <= Hq),
+    each rounded to 64 bytes, so a shard of b batch elements and h q heads needs at most b h times
+    the one-head size: the reserve's shard [b, h, R] covers it (_primitives checks that as it
+    partitions)."""
+    B, Hq, Sq, D = (int(n) for n in q.shape)
+    one = _largest_layer_reserve(_cpu()[1], cfg, (1, 1, Sq, D), q.dtype, (1, 1) + tuple(k.shape)[2:],
+                                 (1, 1) + tuple(v.shape)[2:])
+    per_head = max(one, -(-int(needed) // max(1, B * Hq)))
+    return reserve_result_bytes(per_head)
 
 
 def reserve_result_bytes(needed):
-    """The custom call's reserve size: rounded up to 256 bytes, so vmap's slices of it stay aligned."""
+    """A size rounded up to 256 bytes, so that vmap's slices of a reserve stay aligned."""
     return (needed + _RESERVE_ALIGN - 1) // _RESERVE_ALIGN * _RESERVE_ALIGN
+
+
+def layer_reserve_needed(q_shape, q_dtype, k_shape, v_shape, cfg):
+    """The reserve the backends ask for one shard's shapes (no argument checks: the whole was
+    checked)."""
+    return _largest_layer_reserve(_cpu()[1], cfg, q_shape, q_dtype, k_shape, v_shape)
 
 
 def check_vsa_layer_backward(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve, cfg):
@@ -196,6 +224,10 @@ def check_vsa_layer_backward(q, k, v, gate, q_block_sizes, kv_block_sizes, dout,
     if tuple(dout.shape) != tuple(q.shape) or np.dtype(dout.dtype) != np.dtype(q.dtype):
         raise invalid_argument(f"dout: {np.dtype(dout.dtype)} {tuple(dout.shape)} given but it must be "
                                f"like q: {np.dtype(q.dtype)} {tuple(q.shape)}")
-    if np.dtype(reserve.dtype) != np.uint8 or len(reserve.shape) != 1 or reserve.shape[0] < need:
-        raise invalid_argument(f"reserve: {np.dtype(reserve.dtype)} {tuple(reserve.shape)} given but it "
-                               f"must be the forward's uint8 reserve ({need} bytes for these shapes)")
+    B, Hq = (int(n) for n in tuple(q.shape)[:2])
+    rs = tuple(int(n) for n in reserve.shape)
+    if (np.dtype(reserve.dtype) != np.uint8 or len(rs) != 3 or rs[:2] != (B, Hq)
+            or B * Hq * rs[2] < need):
+        raise invalid_argument(f"reserve: {np.dtype(reserve.dtype)} {rs} given but it must be the "
+                               f"forward's uint8 reserve [{B}, {Hq}, R] ({need} bytes in all for "
+                               "these shapes)")

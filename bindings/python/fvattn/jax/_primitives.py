@@ -5,9 +5,7 @@ FVATTN_JAX_LIBRARY or the installed package. Arguments are checked at trace time
 Under jax.vmap the calls use vmap_method="expand_dims": the handler gets the batch as leading
 dimensions (size 1 for an unbatched argument) and runs the library once per batch element. Under
 jax.jit with inputs sharded over batch or heads, the attention calls, the index inversion and the
-NVFP4 quantizer run on each device's shard (_sharding.py); the VSA layer's calls, whose reserve is
-one buffer for the whole problem, run where their inputs are gathered (shard them with
-jax.shard_map instead).
+NVFP4 quantizer and the VSA layer's calls run on each device's shard (_sharding.py).
 """
 import threading
 
@@ -240,20 +238,72 @@ def vsa_layer_attrs(cfg):
             "topk": np.int32(cfg.topk)}
 
 
-def vsa_layer_forward_c(q, k, v, kv_block_sizes, q_block_sizes, gate, cfg):
-    """(out, q2k_idx, q2k_num, reserve) for a C config; the reserve is uint8 [R], R a multiple of
-    256 that covers every backend this process can run the computation on (_checks)."""
-    reserve_bytes = _checks.reserve_result_bytes(
-        _checks.check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg))
+def _layer_outputs(q, k, cfg, reserve_per_head):
     B, H, Sq, _ = q.shape
     nq, nkv = Sq // cfg.block_size, k.shape[2] // cfg.block_size
-    outs = (_sds(q.shape, q.dtype), _sds((B, H, nq, min(cfg.topk, nkv)), jnp.int32),
-            _sds((B, H, nq), jnp.int32), _sds((reserve_bytes,), jnp.uint8))
+    return (_sds(q.shape, q.dtype), _sds((B, H, nq, min(cfg.topk, nkv)), jnp.int32),
+            _sds((B, H, nq), jnp.int32), _sds((B, H, reserve_per_head), jnp.uint8))
+
+
+def _check_layer_shard(q, k, v, cfg, reserve_per_head):
+    """The reserve's shard covers what the backends ask for this shard's shapes (a partitioned call
+    runs on a shard; see _checks.layer_reserve_bytes_per_head for why it always does)."""
+    B, H = q.shape[:2]
+    need = _checks.layer_reserve_needed(q.shape, q.dtype, k.shape, v.shape, cfg)
+    if B * H * reserve_per_head < need:
+        raise RuntimeError(f"fvattn internal error: a VSA layer shard {tuple(q.shape)} needs a "
+                           f"reserve of {need} bytes, its share holds {B * H * reserve_per_head}")
+
+
+def _layer_forward_local(q, k, v, q_block_sizes, kv_block_sizes, fields, reserve_per_head):
+    cfg = _capi.VsaLayerConfigC(*fields)
+    _check_layer_shard(q, k, v, cfg, reserve_per_head)
+    return tuple(_call("fvattn_vsa_layer_forward", _layer_outputs(q, k, cfg, reserve_per_head), q, k,
+                       v, q_block_sizes, kv_block_sizes, **vsa_layer_attrs(cfg)))
+
+
+def _layer_forward_gated_local(q, k, v, gate, q_block_sizes, kv_block_sizes, fields, reserve_per_head):
+    cfg = _capi.VsaLayerConfigC(*fields)
+    _check_layer_shard(q, k, v, cfg, reserve_per_head)
+    return tuple(_call("fvattn_vsa_layer_forward_gated", _layer_outputs(q, k, cfg, reserve_per_head),
+                       q, k, v, gate, q_block_sizes, kv_block_sizes, **vsa_layer_attrs(cfg)))
+
+
+def _layer_backward_local(q, k, v, q_block_sizes, kv_block_sizes, dout, reserve, fields):
+    cfg = _capi.VsaLayerConfigC(*fields)
+    outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
+    return tuple(_call("fvattn_vsa_layer_backward", outs, q, k, v, q_block_sizes, kv_block_sizes,
+                       dout, reserve, **vsa_layer_attrs(cfg)))
+
+
+def _layer_backward_gated_local(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve, fields):
+    cfg = _capi.VsaLayerConfigC(*fields)
+    outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype),
+            _sds(gate.shape, gate.dtype))
+    return tuple(_call("fvattn_vsa_layer_backward_gated", outs, q, k, v, gate, q_block_sizes,
+                       kv_block_sizes, dout, reserve, **vsa_layer_attrs(cfg)))
+
+
+# The layer never mixes batch elements or heads (SPEC 3b: block means, coarse attention, selection
+# and gate are per head), so it partitions like attention; its reserve [B, Hq, R] is split with q.
+_LAYER_FORWARD = _part(_layer_forward_local, (Q, KV, KV, WHOLE, WHOLE), (Q, Q, Q, Q),
+                       (4, 4, 4, 1, 1), (4, 4, 3, 3), 2)
+_LAYER_FORWARD_GATED = _part(_layer_forward_gated_local, (Q, KV, KV, Q, WHOLE, WHOLE), (Q, Q, Q, Q),
+                             (4, 4, 4, 4, 1, 1), (4, 4, 3, 3), 2)
+_LAYER_BACKWARD = _part(_layer_backward_local, (Q, KV, KV, WHOLE, WHOLE, Q, Q), (Q, KV, KV),
+                        (4, 4, 4, 1, 1, 4, 3), (4, 4, 4), 1)
+_LAYER_BACKWARD_GATED = _part(_layer_backward_gated_local, (Q, KV, KV, Q, WHOLE, WHOLE, Q, Q),
+                              (Q, KV, KV, Q), (4, 4, 4, 4, 1, 1, 4, 3), (4, 4, 4, 4), 1)
+
+
+def vsa_layer_forward_c(q, k, v, kv_block_sizes, q_block_sizes, gate, cfg):
+    """(out, q2k_idx, q2k_num, reserve) for a C config; the reserve is uint8 [B, Hq, R]
+    (_checks.layer_reserve_bytes_per_head)."""
+    needed = _checks.check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg)
+    per_head = _checks.layer_reserve_bytes_per_head(q, k, v, cfg, needed)
     if gate is None:
-        return tuple(_call("fvattn_vsa_layer_forward", outs, q, k, v, q_block_sizes, kv_block_sizes,
-                           **vsa_layer_attrs(cfg)))
-    return tuple(_call("fvattn_vsa_layer_forward_gated", outs, q, k, v, gate, q_block_sizes,
-                       kv_block_sizes, **vsa_layer_attrs(cfg)))
+        return _LAYER_FORWARD(q, k, v, q_block_sizes, kv_block_sizes, _fields(cfg), per_head)
+    return _LAYER_FORWARD_GATED(q, k, v, gate, q_block_sizes, kv_block_sizes, _fields(cfg), per_head)
 
 
 def vsa_layer_backward_c(q, k, v, kv_block_sizes, q_block_sizes, dout, reserve, gate, cfg, check=True):
@@ -261,13 +311,11 @@ def vsa_layer_backward_c(q, k, v, kv_block_sizes, q_block_sizes, dout, reserve, 
     custom_vjp's own residuals)."""
     if check:
         _checks.check_vsa_layer_backward(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve, cfg)
-    outs = (_sds(q.shape, q.dtype), _sds(k.shape, k.dtype), _sds(v.shape, v.dtype))
     if gate is None:
-        dq, dk, dv = _call("fvattn_vsa_layer_backward", outs, q, k, v, q_block_sizes, kv_block_sizes,
-                           dout, reserve, **vsa_layer_attrs(cfg))
+        dq, dk, dv = _LAYER_BACKWARD(q, k, v, q_block_sizes, kv_block_sizes, dout, reserve, _fields(cfg))
         return dq, dk, dv, None
-    return tuple(_call("fvattn_vsa_layer_backward_gated", outs + (_sds(gate.shape, gate.dtype),), q, k,
-                       v, gate, q_block_sizes, kv_block_sizes, dout, reserve, **vsa_layer_attrs(cfg)))
+    return _LAYER_BACKWARD_GATED(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve,
+                                 _fields(cfg))
 
 
 def vsa_layer_forward(q, k, v, kv_block_sizes, q_block_sizes, topk, gate=None, softmax_scale=None,
