@@ -4,7 +4,10 @@ indices (the lists cut to each rank's heads) and the whole VSA layer with its ga
 single-process outputs and gradients bit for bit (on the CPU backend a head's numbers do not depend
 on where it runs); ring attention (plain, GQA, causal and not) gives them within SPEC's bound (the
 partial outputs are rounded to the dtype before their merge); a head count the group does not divide
-and NVFP4-quantized ring attention are refused.
+and NVFP4-quantized ring attention are refused. Under torch.compile(fullgraph=True,
+backend="aot_eager") both trace as one graph (torch._dynamo.explain: no graph breaks) and give the
+eager shards, outputs and gradients, bit for bit; torch.library.opcheck passes on the ring's custom
+ops over a real gloo group.
 
 Each world size runs every case in one set of worker processes (spawned once per module, one CPU
 backend thread each); the parent computes the single-process results and compares the shards."""
@@ -18,10 +21,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 import fvattn  # noqa: E402
 import fvattn.torch as ft  # noqa: E402
-from fvattn.torch.distributed import ring_attention, ulysses  # noqa: E402
+from fvattn.torch import _qat_op_args  # noqa: E402
+from fvattn.torch.distributed import CUSTOM_OPS, ring_attention, ulysses  # noqa: E402
 from conftest import rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -137,25 +142,86 @@ CASES = {
 
 SUBGROUP_CASES = ("ulysses_vsa_indices", "ring_causal")
 
+# The cases also run under torch.compile(fullgraph=True), by world size ("subgroup ..." on the
+# groups of 2 of the 4 processes), and those traced by torch._dynamo.explain (2 processes).
+COMPILED_CASES = {2: ("ulysses_qat_plain", "ulysses_vsa_layer_gate", "ring_causal", "ring_default"),
+                  4: ("ulysses_qat_quantized", "ring_plain", "subgroup ring_causal")}
+EXPLAINED_CASES = ("ulysses_qat_plain", "ring_causal")
+
 
 def inputs(case, n):
     gen = torch.Generator().manual_seed(sorted(CASES).index(case) * 10 + n)
     return CASES[case](n, gen)
 
 
-def compute(case, n, rank=None, group=None):
-    """The case's outputs and gradients: single-process (rank None) or the shards of rank `rank`
-    of `group` (n ranks; None: the default group)."""
+def shards(case, n, rank):
+    """The case's inputs as rank `rank` of n holds them (rank None: whole), and its call."""
     t, seq, grads, call = inputs(case, n)
     if rank is not None:
         t = {name: x.chunk(n, dim=2)[rank].contiguous() if name in seq else x for name, x in t.items()}
+    return t, grads, call
+
+
+def compute(case, n, rank=None, group=None, compiled=None):
+    """The case's outputs and gradients: single-process (rank None) or the shards of rank `rank`
+    of `group` (n ranks; None: the default group). With `compiled` (a dict) the call runs under
+    torch.compile(fullgraph=True) with the aot_eager backend, the graphs it compiles counted in
+    compiled["graphs"]."""
+    t, grads, call = shards(case, n, rank)
     for name in grads:
         t[name] = t[name].detach().requires_grad_()
-    out = call(t, SINGLE if rank is None else group)
+    group = SINGLE if rank is None else group
+    if compiled is None:
+        out = call(t, group)
+    else:
+        torch._dynamo.reset()  # a fresh cache: no case reuses another's graphs or meets a limit
+        backend = CompileCounterWithBackend("aot_eager")
+        out = torch.compile(lambda t: call(t, group), fullgraph=True, backend=backend)(t)
     (out[0].float() * t["w"]).sum().backward()
+    if compiled is not None:
+        compiled["graphs"] = backend.frame_count
     result = {f"out{i}": o.detach() for i, o in enumerate(out)}
     result.update({"d" + name: t[name].grad for name in grads})
     return result
+
+
+def explain(case, n, rank):
+    """torch._dynamo.explain of the case's forward on rank `rank`'s shards over the default group:
+    its graph and graph-break counts, the break reasons as text, and the collectives and fvattn ops
+    its graphs call."""
+    t, _, call = shards(case, n, rank)
+    torch._dynamo.reset()
+    # explain counts no break that comes before a frame's first traced op, so the traced function
+    # clones the inputs first: a break anywhere in the call then splits a graph and is counted.
+    got = torch._dynamo.explain(lambda t: call({name: x.clone() for name, x in t.items()}, None))(t)
+    targets = {str(node.target) for g in got.graphs for node in g.graph.nodes
+               if node.op == "call_function"}
+    return dict(graphs=got.graph_count, breaks=got.graph_break_count,
+                reasons=[str(r.reason) for r in got.break_reasons],
+                ops=sorted(x for x in targets if x.startswith(("fvattn.", "_c10d_functional."))))
+
+
+def ring_opchecks(rank):
+    """torch.library.opcheck on the ring's custom ops over the default group of 2 (every rank runs
+    the same checks, each op call a ring exchange): {sample: opcheck's results, or its error as
+    text}."""
+    forward, backward = CUSTOM_OPS
+    t, _, _ = shards("ring_causal", 2, rank)
+    q, k, v = t["q"], t["k"], t["v"]
+    dout = t["w"].to(q.dtype)
+    got = {}
+    for causal in (False, True):
+        config = (dist.group.WORLD.group_name,) + _qat_op_args(
+            fvattn.QatConfig(quantize=False, causal=causal))
+        o, lse = forward(q, k, v, *config)
+        for name, op, args in (
+                ("forward", forward, [x.detach().clone().requires_grad_() for x in (q, k, v)]),
+                ("backward", backward, [q, k, v, o, lse, dout])):
+            try:
+                got[f"{name} causal={causal}"] = torch.library.opcheck(op, tuple(args) + config)
+            except Exception as e:  # noqa: BLE001 - reported by the test, not here
+                got[f"{name} causal={causal}"] = f"{type(e).__name__}: {e}"
+    return got
 
 
 def refusals():
@@ -177,6 +243,19 @@ def refusals():
     return got
 
 
+def compile_case(case, n, rank, group, results):
+    """Runs the case compiled into results["compiled " + case] (a subgroup's case: results[
+    "compiled subgroup " + case]); returns its compile stats, or the error as text (a trace fails
+    on every rank alike, before any exchange, so the other cases still run)."""
+    stats = {}
+    key = "compiled " + ("subgroup " if group is not None else "") + case
+    try:
+        results[key] = compute(case, n, rank, group, compiled=stats)
+    except Exception as e:  # noqa: BLE001 - reported by the test, not here
+        return f"{type(e).__name__}: {e}"
+    return stats
+
+
 def worker(rank, n, init_file, outdir):
     os.environ["FVATTN_NUM_THREADS"] = "1"  # n processes share CI's two cores
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=n)
@@ -186,6 +265,13 @@ def worker(rank, n, init_file, outdir):
             start = time.perf_counter()
             results[case] = compute(case, n, rank)
             results[case]["seconds"] = time.perf_counter() - start
+        results["compile"] = {}
+        for case in COMPILED_CASES[n]:
+            if not case.startswith("subgroup "):
+                results["compile"][case] = compile_case(case, n, rank, None, results)
+        if n == 2:
+            results["explain"] = {case: explain(case, n, rank) for case in EXPLAINED_CASES}
+            results["opcheck"] = ring_opchecks(rank)
         if n == 4:
             results["refusals"] = refusals()
             # Process groups other than the default one: ranks {0, 2} and {1, 3}, each a group
@@ -194,6 +280,9 @@ def worker(rank, n, init_file, outdir):
             mine = groups[rank % 2]
             for case in SUBGROUP_CASES:
                 results["subgroup " + case] = compute(case, 2, dist.get_rank(mine), mine)
+                if "subgroup " + case in COMPILED_CASES[n]:
+                    results["compile"]["subgroup " + case] = compile_case(case, 2, dist.get_rank(mine),
+                                                                          mine, results)
         dist.barrier()
         torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     finally:
@@ -282,3 +371,46 @@ def test_quantized_ring_is_refused_before_any_communication():
     q = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)
     with pytest.raises(fvattn.Error, match="quantize"):
         ring_attention(q, q, q, fvattn.QatConfig())  # no process group here: refused first
+
+
+# ---- torch.compile ------------------------------------------------------------------------------
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("n,case", [(n, case) for n in WORLDS for case in COMPILED_CASES[n]])
+def test_compiled_equals_eager(n, case):
+    for rank, res in enumerate(results_of(n)):
+        stats = res["compile"][case]
+        assert isinstance(stats, dict) and stats["graphs"] == 1, (rank, stats)
+        eager, compiled = res[case], res["compiled " + case]
+        keys = {key for key, x in eager.items() if isinstance(x, torch.Tensor)}
+        assert keys == set(compiled), (rank, keys, set(compiled))
+        for key in sorted(keys):
+            assert same_bits(compiled[key], eager[key]), (
+                f"rank {rank} {key}: relative L2 {rel_l2(t64(compiled[key]), t64(eager[key])):.3g}")
+
+
+@pytest.mark.parametrize("case", EXPLAINED_CASES)
+def test_no_graph_breaks(case):
+    for rank, res in enumerate(results_of(2)):
+        got = res["explain"][case]
+        assert got["breaks"] == 0 and got["graphs"] == 1, (rank, got["reasons"])
+        if case.startswith("ring"):
+            # One node: the ring's forward op, its exchanges inside.
+            assert got["ops"] == ["fvattn.ring_forward.default"], (rank, got["ops"])
+        else:
+            # The all-to-alls of q, k, v and o are nodes of the graph, around the op.
+            assert "fvattn.qat_forward.default" in got["ops"], (rank, got["ops"])
+            assert "_c10d_functional.all_to_all_single" in got["ops"], (rank, got["ops"])
+
+
+def test_ring_opcheck():
+    assert {op._qualname for op in CUSTOM_OPS} == {"fvattn::ring_forward", "fvattn::ring_backward"}
+    for rank, res in enumerate(results_of(2)):
+        assert len(res["opcheck"]) == 4
+        for sample, got in res["opcheck"].items():
+            assert isinstance(got, dict) and set(got.values()) == {"SUCCESS"}, (rank, sample, got)

@@ -31,18 +31,34 @@ the ring instead (point-to-point send and receive): each rank attends its q shar
 in turn and merges the partial outputs exactly through their lse; the backward passes k, v around
 again with their gradients. It serves any head count, for plain attention (config.quantize False:
 NVFP4's quantized P depends on the rows' running maximum, which a ring changes), causal too.
+
+Both trace under torch.compile(fullgraph=True) without graph breaks, over the default group and
+other groups alike, and give the eager results bit for bit (tested with the aot_eager backend on
+CPU tensors over gloo):
+  - Ulysses' all-to-alls are torch's functional collectives
+    (torch.distributed._functional_collectives.all_to_all_single), nodes of the graph with their
+    own autograd formula, around the operation's custom op;
+  - ring attention is the custom ops fvattn::ring_forward (o, lse) and fvattn::ring_backward
+    (dq, dk, dv), one node each (CUSTOM_OPS), their point-to-point exchanges inside; they take
+    the process group by its name (group.group_name) and the config as fvattn::qat_forward's
+    arguments. Importing this module registers them.
 """
 import dataclasses
 import functools
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch.distributed.distributed_c10d import _get_default_group, _resolve_process_group
 
 from .. import ops
 from .._errors import invalid_argument
 from ..config import ring_attention_config
+from . import _custom_ops, _qat_op_args
 
-__all__ = ["ulysses", "ring_attention", "sequence_to_heads", "heads_to_sequence"]
+__all__ = ["ulysses", "ring_attention", "sequence_to_heads", "heads_to_sequence", "CUSTOM_OPS"]
+
+_NS = "fvattn"
 
 
 def _size_rank(group):
@@ -52,24 +68,27 @@ def _size_rank(group):
 # ---- Ulysses --------------------------------------------------------------------------------------
 
 
-class _AllToAll(torch.autograd.Function):
-    """dist.all_to_all_single over dim 0 of x ([P, ...], chunk j to rank j); its gradient is the
-    same exchange of the output's gradient."""
+def _process_group(group):
+    """The process group `group` names (None: the default group)."""
+    return _get_default_group() if group is None else group
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        x = x.contiguous()
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x, group=group)
-        return out
 
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous()
-        out = torch.empty_like(g)
-        dist.all_to_all_single(out, g, group=ctx.group)
-        return out, None
+def _all_to_all(x, group):
+    """The all-to-all over dim 0 of x ([P, ...], chunk j to rank j; chunk j of the result from rank
+    j), differentiable: its gradient is the same exchange of the output's gradient.
+
+    It is torch's functional collective (torch.distributed._functional_collectives) rather than
+    the in-place dist.all_to_all_single in an autograd.Function: the functional op is what a
+    torch.compile graph holds (_c10d_functional.all_to_all_single, with a fake and an autograd
+    formula of its own), so dynamo traces it as it is, forward and backward, with no rewriting of
+    an in-place collective and no autograd.Function to trace, and it runs on any backend's process
+    group (gloo's CPU tensors too). A custom op of our own around dist.all_to_all_single would do
+    as well, but would hide the exchange from the compiler. Outside compile the functional op
+    returns an AsyncCollectiveTensor, which waits for the exchange on first use; wait_tensor
+    (differentiable) waits here instead, so that callers get a plain tensor. Under compile the
+    result is waited already."""
+    out = fc.all_to_all_single(x.contiguous(), None, None, _process_group(group))
+    return fc.wait_tensor(out) if isinstance(out, fc.AsyncCollectiveTensor) else out
 
 
 def _split_heads(x, n, what):
@@ -91,7 +110,7 @@ def sequence_to_heads(x, group=None):
     B, s, rest = x.shape[0], x.shape[2], tuple(x.shape[3:])
     # [B, P, H/P, s, ...] -> [P, B, H/P, s, ...]: chunk j (heads of rank j) goes to rank j.
     send = x.reshape((B, n, h, s) + rest).transpose(0, 1)
-    recv = _AllToAll.apply(send, group)  # chunk j: rank j's sequence shard of this rank's heads
+    recv = _all_to_all(send, group)  # chunk j: rank j's sequence shard of this rank's heads
     return recv.permute((1, 2, 0) + tuple(range(3, recv.dim()))).reshape((B, h, n * s) + rest)
 
 
@@ -108,7 +127,7 @@ def heads_to_sequence(x, group=None):
     s = S // n
     # [B, h, P, s, ...] -> [P, B, h, s, ...]: sequence shard j goes to rank j.
     send = x.reshape((B, h, n, s) + rest).permute((2, 0, 1) + tuple(range(3, x.dim() + 1)))
-    recv = _AllToAll.apply(send, group)  # chunk j: rank j's heads of this rank's sequence shard
+    recv = _all_to_all(send, group)  # chunk j: rank j's heads of this rank's sequence shard
     return recv.transpose(0, 1).reshape((B, n * h, s) + rest)
 
 
@@ -193,13 +212,14 @@ def _merge(o1, l1, o2, l2):
 
 
 class _Ring:
-    """The process group's ring: rank i sends to i + 1 and receives from i - 1 (mod P)."""
+    """The ring of the process group named `group_name`: rank i sends to i + 1 and receives from
+    i - 1 (mod P)."""
 
-    def __init__(self, group):
-        self.group = group
-        self.n, self.me = _size_rank(group)
-        to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-        self.next, self.prev = to_global((self.me + 1) % self.n), to_global((self.me - 1) % self.n)
+    def __init__(self, group_name):
+        self.group = _resolve_process_group(group_name)
+        self.n, self.me = _size_rank(self.group)
+        self.next, self.prev = (dist.get_global_rank(self.group, (self.me + step) % self.n)
+                                for step in (1, -1))
 
     def shift(self, *tensors, tag=0):
         """Starts sending each tensor to the next rank and receiving the previous rank's into a new
@@ -233,63 +253,121 @@ def _step_config(cfgs, causal, src, me):
     return diag if src == me else full if src < me else None
 
 
-class _RingAttention(torch.autograd.Function):
+# The ring's forward and backward are torch.library custom ops, so that torch.compile traces
+# ring_attention as single nodes (fullgraph, no graph breaks) while the point-to-point exchanges run
+# inside them, out of dynamo's sight. The process group crosses the op boundary as its name (a
+# schema takes no Python objects), the config as its fields (fvattn::qat_forward's arguments).
 
-    @staticmethod
-    def forward(ctx, q, k, v, cfg, group):
-        ring = _Ring(group)
-        cfgs = (dataclasses.replace(cfg, causal=False, high_precision_o=False),
-                dataclasses.replace(cfg, causal=True, high_precision_o=False))
-        o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
-        kc, vc = k.contiguous(), v.contiguous()
-        for r in range(ring.n):
-            wait = None
-            if r + 1 < ring.n:  # the next k, v shard travels while this one is attended
-                _, wait = ring.shift(kc, vc)
-            step = _step_config(cfgs, cfg.causal, (ring.me - r) % ring.n, ring.me)
-            if step is not None:
-                o_r, _, l_r = ops.qat_attention_forward(q, kc, vc, step)
-                o, lse = _merge(o, lse, o_r, l_r)
-            if wait is not None:
-                kc, vc = wait()
-        o = o.to(q.dtype)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.cfgs, ctx.causal, ctx.group = cfgs, cfg.causal, group
-        return o
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, o, lse = ctx.saved_tensors
-        dout = dout.to(q.dtype).contiguous()
-        ring = _Ring(ctx.group)
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kc, vc = k.contiguous(), v.contiguous()
-        # The gradients of the k, v shard this rank holds at each step; they travel with it, so
-        # after P moves every shard's gradients are home.
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        wait_grads = None
-        for r in range(ring.n):
-            wait_kv = None
-            if r + 1 < ring.n:
-                _, wait_kv = ring.shift(kc, vc)
-            step = _step_config(ctx.cfgs, ctx.causal, (ring.me - r) % ring.n, ring.me)
-            if step is not None:
-                # The library's backward on the merged o and lse: each chunk's P is its share of
-                # the whole row's softmax, and Delta = rowsum(dO o) is the whole row's.
-                dq_r, dk_r, dv_r = ops.qat_attention_backward(q, kc, vc, o, lse, dout, step)
-                dq += dq_r.float()
-            if wait_grads is not None:  # the accumulators of the shard that arrived last step
-                dk, dv = wait_grads()
-            if step is not None:
-                dk += dk_r.float()
-                dv += dv_r.float()
-            _, wait_grads = ring.shift(dk, dv, tag=2)
-            if wait_kv is not None:
-                kc, vc = wait_kv()
-        dk, dv = wait_grads()
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+def _ring_config(config):
+    """The ring's QatConfig from the ops' config arguments, checked as ring_attention checks it."""
+    return ring_attention_config(_custom_ops._qat_config(*config))
+
+
+def _step_configs(cfg):
+    """The configs of the ring's steps: a whole shard and the own (diagonal) one."""
+    return (dataclasses.replace(cfg, causal=False, high_precision_o=False),
+            dataclasses.replace(cfg, causal=True, high_precision_o=False))
+
+
+@torch.library.custom_op(f"{_NS}::ring_forward", mutates_args=())
+def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group_name: str,
+                 softmax_scale: float, causal: bool, quantize: bool, smooth_k: bool, qkv_scale: int,
+                 p_scale: int, quantize_p_backward: bool, high_precision_o: bool,
+                 quantized_qkv_backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of ring attention over the process group named group_name: o like q, this rank's
+    shard of the output; lse float32 [B, Hq, S/P] (base 2) over every rank's keys. The config
+    arguments are fvattn::qat_forward's (quantize and smooth_k False)."""
+    cfg = _ring_config((softmax_scale, causal, quantize, smooth_k, qkv_scale, p_scale,
+                        quantize_p_backward, high_precision_o, quantized_qkv_backward))
+    ring = _Ring(group_name)
+    cfgs = _step_configs(cfg)
+    o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    kc, vc = k.contiguous(), v.contiguous()
+    for r in range(ring.n):
+        wait = None
+        if r + 1 < ring.n:  # the next k, v shard travels while this one is attended
+            _, wait = ring.shift(kc, vc)
+        step = _step_config(cfgs, cfg.causal, (ring.me - r) % ring.n, ring.me)
+        if step is not None:
+            o_r, _, l_r = ops.qat_attention_forward(q, kc, vc, step)
+            o, lse = _merge(o, lse, o_r, l_r)
+        if wait is not None:
+            kc, vc = wait()
+    return o.to(q.dtype), lse
+
+
+@ring_forward.register_fake
+def _(q, k, v, group_name, *config):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
+
+
+@torch.library.custom_op(f"{_NS}::ring_backward", mutates_args=())
+def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, dout: torch.Tensor, group_name: str, softmax_scale: float,
+                  causal: bool, quantize: bool, smooth_k: bool, qkv_scale: int, p_scale: int,
+                  quantize_p_backward: bool, high_precision_o: bool, quantized_qkv_backward: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ring attention: the forward's shards, group and config, its o and lse, and
+    dout like q. k and v go around the ring again, their gradients with them."""
+    cfg = _ring_config((softmax_scale, causal, quantize, smooth_k, qkv_scale, p_scale,
+                        quantize_p_backward, high_precision_o, quantized_qkv_backward))
+    ring = _Ring(group_name)
+    cfgs = _step_configs(cfg)
+    dout = dout.to(q.dtype).contiguous()
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kc, vc = k.contiguous(), v.contiguous()
+    # The gradients of the k, v shard this rank holds at each step; they travel with it, so after P
+    # moves every shard's gradients are home.
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    wait_grads = None
+    for r in range(ring.n):
+        wait_kv = None
+        if r + 1 < ring.n:
+            _, wait_kv = ring.shift(kc, vc)
+        step = _step_config(cfgs, cfg.causal, (ring.me - r) % ring.n, ring.me)
+        if step is not None:
+            # The library's backward on the merged o and lse: each chunk's P is its share of the
+            # whole row's softmax, and Delta = rowsum(dO o) is the whole row's.
+            dq_r, dk_r, dv_r = ops.qat_attention_backward(q, kc, vc, o, lse, dout, step)
+            dq += dq_r.float()
+        if wait_grads is not None:  # the accumulators of the shard that arrived last step
+            dk, dv = wait_grads()
+        if step is not None:
+            dk += dk_r.float()
+            dv += dv_r.float()
+        _, wait_grads = ring.shift(dk, dv, tag=2)
+        if wait_kv is not None:
+            kc, vc = wait_kv()
+    dk, dv = wait_grads()
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@ring_backward.register_fake
+def _(q, k, v, o, lse, dout, group_name, *config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+def _ring_setup_context(ctx, inputs, output):
+    q, k, v, *config = inputs  # config: the group's name and the config's fields
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.config = config
+    ctx.mark_non_differentiable(lse)
+
+
+def _ring_backward_formula(ctx, dout, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = ring_backward(q, k, v, o, lse, _custom_ops._contiguous(dout), *ctx.config)
+    return (dq, dk, dv) + (None,) * len(ctx.config)
+
+
+ring_forward.register_autograd(_ring_backward_formula, setup_context=_ring_setup_context)
+
+CUSTOM_OPS = (ring_forward, ring_backward)
 
 
 def ring_attention(q, k, v, config=None, group=None):
@@ -300,6 +378,8 @@ def ring_attention(q, k, v, config=None, group=None):
     its q shard's partial outputs exactly through their base-2 lse, and the backward sends k, v
     around again with their gradients. Returns the output's sequence shard [B, Hq, S/P, D]. The
     result is the single-process one up to the dtype's rounding of the partial outputs (within
-    SPEC's bounds). NVFP4-quantized configs are refused (fvattn.Error)."""
+    SPEC's bounds). NVFP4-quantized configs are refused (fvattn.Error). The custom op
+    fvattn::ring_forward (backward fvattn::ring_backward)."""
     cfg = ring_attention_config(config)
-    return _RingAttention.apply(q, k, v, cfg, group)
+    o, _ = ring_forward(q, k, v, _process_group(group).group_name, *_qat_op_args(cfg))
+    return o
