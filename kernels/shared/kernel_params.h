@@ -91,6 +91,20 @@ struct alignas(64) TensorMap {
   uint64_t opaque[16];
 };
 
+// The VSA layer's output pass (SPEC 3b step 5) fused into the sm_90a VSA forward's epilogue, for
+// the layer's calls: out = out_c[block] * gate + out_s, out_s being the o tile the epilogue stages
+// for its store (sm90/fused_layer_gate.cuh). vsa_layer/gate.cu is the same pass on its own, for
+// the portable kernels. out.data null: no fused pass (every call but the layer's).
+struct Sm90FusedLayerGate {
+  Tensor4 gate;  // data null: no gate
+  Tensor4 out;
+  const void* out_c;  // [B, Hq, nq, D], contiguous
+  int32_t nq;
+  // The forward's last kernel writes the reserve's whole record (block (0, 0), thread 0).
+  LayerReserveHeader* record;
+  LayerReserveHeader record_value;
+};
+
 // The sm_90a forward (kernels/sm90/): the portable parameters plus TMA maps of the tensors the
 // products read, each 4-d over (D, S, H, B) with boxes of 64 columns x 64 rows, 128-byte swizzle.
 // The VSA forward also stores o through a map (the QAT forward, whose outputs are o and o_hp,
@@ -122,6 +136,8 @@ struct Sm90ForwardParams {
   // max over every earlier key (SPEC's m'). Laid out as split_flags.
   float* split_maxima;
   uint32_t* split_max_flags;
+  // The VSA forward only: the layer's output pass, fused (out.data null: none).
+  Sm90FusedLayerGate layer_gate;
 };
 
 // The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.

@@ -3,7 +3,8 @@
 // and walks its q2k list, so the list is the schedule:
 //     S = Q Kᵀ (wgmma, shared-memory operands) -> ragged mask -> online softmax -> o += P·V (wgmma,
 //     P from registers, V in shared memory)
-// then stores its rows (sm90/forward_epilogue.cuh, store_forward_outputs_tma).
+// then stores its rows (sm90/forward_epilogue.cuh, store_forward_outputs_tma) and, for the VSA
+// layer's call, computes the layer's output from them (sm90/fused_layer_gate.cuh).
 // The softmax rescales lazily (primitives/online_softmax.cuh): o and l are rescaled only when a
 // row's max passes its reference by more than 2^8, not whenever some row's max rises, which also
 // frees the registers for the one-FMA exponent.
@@ -38,6 +39,7 @@
 #include "primitives/online_softmax.cuh"
 #include "sm90/compact_tiles.cuh"
 #include "sm90/forward_epilogue.cuh"
+#include "sm90/fused_layer_gate.cuh"
 #include "sm90/zero_tile_rows.cuh"
 
 // Per-block timestamps for tools/lab/vsa_fwd_timeline.cu, which defines this before including
@@ -180,6 +182,8 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
 
   FVA_VSA_FWD_TRACE(2);
   store_forward_outputs_tma<T, D, L>(P, o, m, q_tile, tid, warp, g, t);
+  // The VSA layer's call: its output pass, from the tile just staged (sm90/fused_layer_gate.cuh).
+  if (P.layer_gate.out.data != nullptr) fused_layer_gate<T, D, L>(P.layer_gate, p, q_tile, tid);
   FVA_VSA_FWD_TRACE(3);
 }
 

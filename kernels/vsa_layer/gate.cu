@@ -1,7 +1,9 @@
 // The VSA layer's passes over whole [B, H, S, D] tensors (SPEC 3b), each a single pass that reads
 // and writes every element once:
 //   - forward, gate: out = dtype(dtype(out_c[block] * gate) + out_s)  (no gate: dtype(out_c + out_s)),
-//     torch's two roundings (a product, then a sum, each a tensor in the dtype);
+//     torch's two roundings (gate_combine8, layer_common.cuh); the sm_90a VSA forward fuses this
+//     pass into its epilogue for the layer (sm90/fused_layer_gate.cuh), so it runs after the
+//     portable fine forward only;
 //   - backward, gate: dgate = dtype(dout * out_c[block]) and dout_c[i] = dtype(Σ over block i's 64
 //     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order;
 // (The block means' backward takes no pass of its own: the fine branch's backward adds each block's
@@ -38,18 +40,10 @@ __device__ __forceinline__ void gate_forward(const kern::LayerGateParams& p) {
 #pragma unroll 4
   for (int r = r0; r < 64; r += kRowsPerPass) {
     const int64_t s = static_cast<int64_t>(i) * 64 + r;
-    float os[8], o[8];
-    unpack8<T>(out_s[r * kVecPerRow], os);
-    if (gated) {
-      float gt[8];
-      unpack8<T>(*reinterpret_cast<const uint4*>(row_of(p.gate, b, h, s) + 8 * c), gt);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = rnd<T>(oc[e] * gt[e]) + os[e];
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = oc[e] + os[e];
-    }
-    *reinterpret_cast<uint4*>(mutable_row_of(p.out, b, h, s) + 8 * c) = pack8<T>(o);
+    const uint4* gate =
+        gated ? reinterpret_cast<const uint4*>(row_of(p.gate, b, h, s) + 8 * c) : nullptr;
+    *reinterpret_cast<uint4*>(mutable_row_of(p.out, b, h, s) + 8 * c) =
+        gate_combine8<T>(oc, out_s[r * kVecPerRow], gate);
   }
 }
 

@@ -77,6 +77,27 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
                     pack<T>(f[6], f[7]));
 }
 
+// SPEC 3b step 5 for 8 elements: out = dtype(dtype(out_c * gate) + out_s), torch's two roundings (a
+// product, then a sum, each a tensor in the dtype); without a gate (gate null) dtype(out_c + out_s).
+// The gate pass (gate.cu) and the sm_90a VSA forward's fused epilogue (sm90/fused_layer_gate.cuh)
+// both compute out with it.
+template <typename T>
+__device__ __forceinline__ uint4 gate_combine8(const float (&oc)[8], const uint4& out_s,
+                                               const uint4* gate) {
+  float os[8], o[8];
+  unpack8<T>(out_s, os);
+  if (gate != nullptr) {
+    float gt[8];
+    unpack8<T>(*gate, gt);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = rnd<T>(oc[e] * gt[e]) + os[e];
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = oc[e] + os[e];
+  }
+  return pack8<T>(o);
+}
+
 // The elements of a [B, H, S, D] view at (b, h, s), as 16-bit words.
 __device__ __forceinline__ const uint16_t* row_of(const kern::Tensor4& t, int b, int h, int64_t s) {
   return static_cast<const uint16_t*>(t.data) + b * t.stride_b + h * t.stride_h + s * t.stride_s;

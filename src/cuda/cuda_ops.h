@@ -36,10 +36,14 @@ void nvfp4_fake_quantize(const fva_handle& h, const Nvfp4Problem& p, const fva_t
                          const fva_tensor_t& y, void* stream);
 
 size_t vsa_forward_workspace(const fva_handle& h, const VsaProblem& p);
-void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
+// layer_gate (the VSA layer's forward; null for fva_vsa_forward): the layer's output pass, which
+// the sm_90a kernel runs in its epilogue (kern::Sm90FusedLayerGate). Returns whether it ran; if
+// not (the portable kernels), the caller runs the pass on its own.
+bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
-                 const fva_tensor_t& o, const fva_tensor_t& lse, void* ws, void* stream);
+                 const fva_tensor_t& o, const fva_tensor_t& lse, void* ws, void* stream,
+                 const kern::Sm90FusedLayerGate* layer_gate = nullptr);
 
 // The VSA backward's workspace depends on the handle: on sm_90a the dK/dV kernel stores every
 // listed pair's dS tile there for the dQ kernel (8 KiB a pair, in chunks of at most the handle's

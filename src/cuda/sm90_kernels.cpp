@@ -91,6 +91,7 @@ bool sm90_encode_forward(Sm90Kind kind, const kern::AttentionParams& a, int64_t 
   params->split_pieces = params->cluster = 1;
   params->split_partials = params->split_maxima = nullptr;
   params->split_flags = params->split_max_flags = nullptr;
+  params->layer_gate = {};  // no fused layer pass unless the layer's call sets one
   // (The VSA forward also stores o by the TMA, and has no o_hp.)
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, kv_rows, D, &params->k) &&

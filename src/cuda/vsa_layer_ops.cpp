@@ -2,7 +2,9 @@
 // the kernels of kernels/vsa_layer/ and the fine branch's VSA kernels (vsa_ops.cpp):
 //   forward:  block means (one launch for q, k, v) -> coarse attention, softmax and selection (one
 //             launch) -> the fine VSA forward over the selected lists, into the reserve -> out =
-//             out_c * gate + out_s (which also writes the reserve's record);
+//             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
+//             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
+//             of its own);
 //   backward: dgate and dout_c (one pass over dout) -> the coarse backward's q side, then its kv
 //             side, which leave the block means' terms -> the fine VSA backward, which writes dq,
 //             dk and dv with each block's term added (kern::BlockTerms: no pass of its own).
@@ -157,26 +159,34 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     launch("layer", kernel_name("coarse_fwd", f).c_str(), h.device, l, stream, cp);
   }
 
-  // 3. The fine branch over the selected lists, into the reserve (its own chain).
-  vsa_forward(h, f, q, k, v, fine.q2k_idx, fine.q2k_num, kv_block_sizes, fine.out_s, fine.lse_s,
-              workspace_pointer<char>(ws, plan.forward_fine), stream);
-
-  // 4. out, and the reserve's record.
+  // 3. The fine branch over the selected lists, into the reserve (its own chain), and 4. out and the
+  // reserve's record: the sm_90a forward computes them in its epilogue; after the portable forward
+  // the gate pass does.
+  VsaLayerProblem recorded = p;
+  recorded.gate = gate != nullptr;
+  kern::Sm90FusedLayerGate fused{};
+  fused.gate = optional_tensor4(gate);
+  fused.out = tensor4(out);
+  fused.out_c = reserve_pointer<char>(reserve, r.out_c);
+  fused.nq = nq;
+  fused.record = reserve_pointer<kern::LayerReserveHeader>(reserve, r.record);
+  fused.record_value = vsa_layer_record(recorded);
+  if (vsa_forward(h, f, q, k, v, fine.q2k_idx, fine.q2k_num, kv_block_sizes, fine.out_s, fine.lse_s,
+                  workspace_pointer<char>(ws, plan.forward_fine), stream, &fused))
+    return;
   {
     const LaunchChain chain(h.device, h.tuning);
     kern::LayerGateParams gp{};
-    gp.gate = optional_tensor4(gate);
-    gp.out = tensor4(out);
+    gp.gate = fused.gate;
+    gp.out = fused.out;
     gp.out_s = fine.out_s.data;
-    gp.out_c = reserve_pointer<char>(reserve, r.out_c);
+    gp.out_c = fused.out_c;
     gp.B = static_cast<int32_t>(f.B);
     gp.Hq = static_cast<int32_t>(f.Hq);
     gp.nq = nq;
     gp.units = plan.gate_units;
-    gp.record = reserve_pointer<kern::LayerReserveHeader>(reserve, r.record);
-    VsaLayerProblem recorded = p;
-    recorded.gate = gate != nullptr;
-    gp.record_value = vsa_layer_record(recorded);
+    gp.record = fused.record;
+    gp.record_value = fused.record_value;
     Launch l;
     l.grid_x = plan.gate_blocks;
     l.block = 128;

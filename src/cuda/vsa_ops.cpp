@@ -121,10 +121,11 @@ size_t vsa_forward_workspace(const fva_handle& h, const VsaProblem& p) {
   return plan_vsa_forward(h, p).workspace_bytes;
 }
 
-void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
+bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
-                 const fva_tensor_t& o, const fva_tensor_t& lse, void*, void* stream) {
+                 const fva_tensor_t& o, const fva_tensor_t& lse, void*, void* stream,
+                 const kern::Sm90FusedLayerGate* layer_gate) {
   const VsaForwardPlan plan = plan_vsa_forward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
@@ -133,8 +134,9 @@ void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
   kern::Sm90ForwardParams native;
   if (plan.family == KernelFamily::kSm90 &&
       sm90_encode_forward(Sm90Kind::kVsa, a, p.D, a.Skv, &native)) {
+    if (layer_gate != nullptr) native.layer_gate = *layer_gate;
     sm90_vsa_forward_launch(h, native, p.D, q.dtype, stream);
-    return;
+    return layer_gate != nullptr;
   }
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
@@ -143,6 +145,7 @@ void vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
   l.smem = static_cast<size_t>(kern::forward_2warp_smem_bytes(static_cast<int>(p.D)));
   launch("vsa", KernelName("fva_vsa_fwd_", dtype_suffix(q.dtype), "_d", p.D).c_str(), h.device, l,
          stream, a);
+  return false;
 }
 
 namespace {

@@ -1,0 +1,49 @@
+// The VSA layer's output pass fused into the sm_90a VSA forward's epilogue (SPEC 3b step 5):
+// out = dtype(dtype(out_c[block] * gate) + out_s) for the block's 64 rows, out_s read back from the
+// tile the epilogue staged for its TMA store (the o it stores, already in the dtype), so the pass
+// over memory that vsa_layer/gate.cu makes (reading out_s back from the reserve) is not needed:
+// the layer's forward reads the gate and writes out here, beside the fine branch's own store.
+// The staged tile is laid out as the TMA's 128-byte swizzle (regions of 64 columns): each thread
+// moves 16-byte chunks, a row's chunks over consecutive threads, so the gate's loads and out's
+// stores are whole 16-byte vectors of consecutive addresses.
+#pragma once
+
+#include "primitives/sm90.cuh"
+#include "sm90/compact_tiles.cuh"
+#include "vsa_layer/layer_common.cuh"
+
+namespace fva::dev::sm90 {
+
+// After store_forward_outputs_tma (its barrier has made the staged tile visible to every thread;
+// the TMA store only reads the tile, as this pass does).
+template <typename T, int D, typename Tiles>
+__device__ __forceinline__ void fused_layer_gate(const kern::Sm90FusedLayerGate& G,
+                                                 const kern::AttentionParams& p, uint32_t staging,
+                                                 int tid) {
+  using namespace fva::dev::layer;
+  constexpr int kVecPerRow = D / 8;                          // 16-byte chunks per row
+  constexpr int kRowsPerPass = kern::kWarpgroupThreads / kVecPerRow;  // 8 (D = 128) or 16 (D = 64)
+  const CompactBlock at(p, opaque(blockIdx.x), opaque(blockIdx.y));
+  // The forward's last kernel writes the reserve's record (shared/vsa_layer_params.h).
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && G.record != nullptr)
+    *G.record = G.record_value;
+  const int i = at.row0 / 64;  // the q block
+  const int c = tid % kVecPerRow, r0 = tid / kVecPerRow;
+  float oc[8];
+  unpack8<T>(reinterpret_cast<const uint4*>(G.out_c)[(static_cast<int64_t>(at.bh) * G.nq + i) *
+                                                         kVecPerRow + c],
+             oc);
+  const uint32_t region = staging + (c / 8) * Tiles::kRegionBytes;
+  const bool gated = G.gate.data != nullptr;
+#pragma unroll 4
+  for (int r = r0; r < 64; r += kRowsPerPass) {
+    const int64_t s = at.row0 + r;
+    const uint4 os = ld_shared_u128(swizzled_chunk_128b(region, r, r % 8, c % 8));
+    const uint4* gate =
+        gated ? reinterpret_cast<const uint4*>(row_of(G.gate, at.b, at.h, s) + 8 * c) : nullptr;
+    *reinterpret_cast<uint4*>(mutable_row_of(G.out, at.b, at.h, s) + 8 * c) =
+        gate_combine8<T>(oc, os, gate);
+  }
+}
+
+}  // namespace fva::dev::sm90
