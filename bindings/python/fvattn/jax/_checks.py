@@ -155,18 +155,16 @@ def _layer_sizes(h, cfg, tq, tk, tv):
     return ws.value, reserve.value
 
 
-def _largest_layer_reserve(h, cfg, q_shape, q_dtype, k_shape, v_shape):
-    """The largest reserve any backend this process may run the layer on asks for these shapes (the
-    CPU backend, through h, and the CUDA backend of each GPU JAX sees)."""
-    p = Placeholders()
-    tq, tk, tv = p("q", q_shape, q_dtype), p("k", k_shape, q_dtype), p("v", v_shape, q_dtype)
-    sizes = [_layer_sizes(h, cfg, tq, tk, tv)[1]]
+def _cuda_layer_reserves(cfg, tq, tk, tv):
+    """The reserve the CUDA backend of each GPU JAX sees asks for these descriptors (none where no
+    CUDA handle can be made)."""
+    sizes = []
     for ordinal in _jax_cuda_ordinals():
         try:
             sizes.append(_layer_sizes(_handles.get("cuda", ordinal), cfg, tq, tk, tv)[1])
         except Exception:  # noqa: BLE001 - no usable CUDA handle: the CPU's size stands
             pass
-    return max(sizes)
+    return sizes
 
 
 def check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg):
@@ -189,7 +187,7 @@ def check_vsa_layer(q, k, v, gate, q_block_sizes, kv_block_sizes, cfg):
             p("q2k_num", shape[:2] + (nq,), np.int32), p.raw(reserve), reserve, None, ws - 1, None)
         if st != STATUS_CODES["FVA_ERR_WORKSPACE_TOO_SMALL"]:
             _capi.check(st)
-    return _largest_layer_reserve(h, cfg, q.shape, q.dtype, k.shape, v.shape)
+    return max([reserve] + _cuda_layer_reserves(cfg, tq, tk, tv))
 
 
 def layer_reserve_bytes_per_head(q, k, v, cfg, needed):
@@ -200,8 +198,8 @@ def layer_reserve_bytes_per_head(q, k, v, cfg, needed):
     the one-head size: the reserve's shard [b, h, R] covers it (_primitives checks that as it
     partitions)."""
     B, Hq, Sq, D = (int(n) for n in q.shape)
-    one = _largest_layer_reserve(_cpu()[1], cfg, (1, 1, Sq, D), q.dtype, (1, 1) + tuple(k.shape)[2:],
-                                 (1, 1) + tuple(v.shape)[2:])
+    one = layer_reserve_needed((1, 1, Sq, D), q.dtype, (1, 1) + tuple(k.shape)[2:],
+                               (1, 1) + tuple(v.shape)[2:], cfg)
     per_head = max(one, -(-int(needed) // max(1, B * Hq)))
     return reserve_result_bytes(per_head)
 
@@ -212,9 +210,12 @@ def reserve_result_bytes(needed):
 
 
 def layer_reserve_needed(q_shape, q_dtype, k_shape, v_shape, cfg):
-    """The reserve the backends ask for one shard's shapes (no argument checks: the whole was
-    checked)."""
-    return _largest_layer_reserve(_cpu()[1], cfg, q_shape, q_dtype, k_shape, v_shape)
+    """The largest reserve any backend this process may run the layer on (the CPU backend, and the
+    CUDA backend of each GPU JAX sees) asks for these shapes; no argument checks (the caller checked
+    the whole problem)."""
+    p = Placeholders()
+    tq, tk, tv = p("q", q_shape, q_dtype), p("k", k_shape, q_dtype), p("v", v_shape, q_dtype)
+    return max([_layer_sizes(_cpu()[1], cfg, tq, tk, tv)[1]] + _cuda_layer_reserves(cfg, tq, tk, tv))
 
 
 def check_vsa_layer_backward(q, k, v, gate, q_block_sizes, kv_block_sizes, dout, reserve, cfg):
