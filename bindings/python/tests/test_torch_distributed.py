@@ -322,26 +322,28 @@ def gathered(shards, key):
     return torch.cat([s[key] for s in shards], dim=2)
 
 
+def against_one_process(n, case):
+    """(key, the ranks' values gathered, the single process's) for every output and gradient of
+    `case` run by n ranks, each pair checked for equal dtype and shape."""
+    shards = [r[case] for r in results_of(n)]
+    for key, want in compute(case, n).items():
+        got = gathered(shards, key)
+        assert got.dtype == want.dtype and got.shape == want.shape, key
+        yield key, got, want
+
+
 @pytest.mark.parametrize("n", WORLDS)
 @pytest.mark.parametrize("case", ["ulysses_qat_plain", "ulysses_qat_quantized", "ulysses_vsa_indices",
                                   "ulysses_vsa_layer_gate"])
 def test_ulysses_equals_one_process(n, case):
-    shards = [r[case] for r in results_of(n)]
-    one = compute(case, n)
-    for key, want in one.items():
-        got = gathered(shards, key)
-        assert got.dtype == want.dtype and got.shape == want.shape, key
+    for key, got, want in against_one_process(n, case):
         assert torch.equal(got, want), f"{key}: relative L2 {rel_l2(t64(got), t64(want)):.3g}"
 
 
 @pytest.mark.parametrize("n", WORLDS)
 @pytest.mark.parametrize("case", ["ring_plain", "ring_causal", "ring_default"])
 def test_ring_equals_one_process(n, case):
-    shards = [r[case] for r in results_of(n)]
-    one = compute(case, n)
-    for key, want in one.items():
-        got = gathered(shards, key)
-        assert got.dtype == want.dtype and got.shape == want.shape, key
+    for key, got, want in against_one_process(n, case):
         assert np.isfinite(t64(got)).all(), key
         assert rel_l2(t64(got), t64(want)) <= 1e-2, key  # SPEC section 4's o, dq, dk, dv bound
 
