@@ -218,7 +218,6 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
   return k;
 }
 
-
 namespace {
 
 // The calling thread's LaunchChain: whether one is open and chains its launches (false outside
