@@ -60,6 +60,9 @@ struct LayerCoarseForwardParams {
   int32_t B, Hq, Hkv, nq, nkv, topk;
   float scale;
   int32_t rows_in_smem;  // nkv <= kLayerCoarseSmemMaxKv: the tile's rows in dynamic shared memory
+  // Rows of k_c or v_c the block's stage holds (dynamic shared memory, a multiple of 128): the
+  // products' operands come in chunks of this many rows (vsa_layer/coarse_tiles.cuh).
+  int32_t stage_rows;
 };
 
 // out = out_c[block] * gate + out_s (gate.data null: out_c[block] + out_s), a unit per (b, q head,
@@ -115,6 +118,8 @@ struct LayerCoarseBackwardParams {
   int32_t B, Hq, Hkv, nq, nkv;
   float scale;
   int32_t rows_in_smem;  // the q side's tile rows in dynamic shared memory (as the forward's)
+  int32_t stage_rows;    // the q side's chunks of v_c and k_c (as the forward's)
+  int32_t kv_chunk_rows;  // the kv side's chunks of q blocks (a multiple of 16)
 };
 
 }  // namespace fva::kern

@@ -10,8 +10,9 @@
 // for a block of size 0, which passes the fine gradient unchanged), which the fine branch's
 // backward adds to every row of the block as it writes dq, dk and dv (kern::BlockTerms).
 // Two launches of 512-thread blocks: the q side (a block per (b, q head, 16 q blocks): dattn, the
-// softmax's backward into dmm (shared memory while the tile's rows fit, then the workspace), dq_c),
-// then the kv side (a block per (b, kv head, 16 kv blocks)). Both first check the
+// softmax's backward into dmm (shared memory while the tile's rows fit, then the workspace), dq_c,
+// with v_c and k_c staged a chunk at a time), then the kv side (a block per (b, kv head, 16 kv
+// blocks), the q blocks' rows staged a chunk at a time). Both first check the
 // reserve's record and do nothing when it is not this call's (the outputs stay untouched).
 #include "vsa_layer/coarse_tiles.cuh"
 
@@ -30,8 +31,10 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;  // every warp of the block decides alike
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
-  __shared__ __align__(16) uint16_t work[TileSmem<D>::kWorkBytes / 2];
-  extern __shared__ __align__(16) uint16_t tile_rows[];  // [16][nkv] when p.rows_in_smem
+  // Dynamic: the stage [stage_rows][D + 8], then the tile's rows [16][nkv] when p.rows_in_smem.
+  extern __shared__ __align__(16) uint16_t dynamic_smem[];
+  uint16_t* const stage = dynamic_smem;
+  const int stage_rows = p.stage_rows;
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
   const int i0 = blockIdx.x * kRows;
@@ -40,12 +43,22 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
   const int nkv = p.nkv;
-  const TileRows dmm(tile_rows, static_cast<uint16_t*>(p.dmm) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
+  const TileRows dmm(stage + stage_rows * TileSmem<D>::kPitch,
+                     static_cast<uint16_t*>(p.dmm) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
-  load_rows<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, a);
-  rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, nkv, work,
+  const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
+  const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
+  const int first_chunk = round16(min(stage_rows, nkv));
+  // The tile's dout_c rows and the first chunk of v_c, one copy in flight.
+  copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
+  copy_rows_async<D>(v_c, nkv, 0, first_chunk, stage);
+  cp_async_commit();
+  rows_dot_matrix<T, D>(a, rows, v_c, nkv, stage, stage_rows, true,
                         [&](int r, int j, float s) { dmm.row(r)[j] = Elem<T>::bits(s); });
-  // The softmax's backward, a warp per row: rowsum(attn ⊙ dattn), then dmm over dattn.
+  // k_c's first chunk flies during the softmax's backward, a warp per row: rowsum(attn ⊙ dattn),
+  // then dmm over dattn.
+  copy_rows_async<D>(k_c, nkv, 0, first_chunk, stage);
+  cp_async_commit();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = p.scale;
   if (warp < rows) {
@@ -63,7 +76,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   __syncthreads();
   dmm.copy_home(rows);  // the kv side reads dmm from the workspace
   uint16_t* dq_term = static_cast<uint16_t*>(p.dq_term) + q_row0 * D;
-  rows_times_matrix<T, D>(dmm.base, nkv, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, nkv, work,
+  rows_times_matrix<T, D>(dmm.base, nkv, rows, k_c, nkv, stage, stage_rows, true,
                           [&](int r, int d, float o) {
                             const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
                             dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));
@@ -71,18 +84,21 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
 }
 
 // The terms of dv_c and dk_c of 16 kv blocks (one m16 row block of attnᵀ and dmmᵀ): for each q
-// head of the group and each tile of 32 q blocks (two k16 steps), the rows of dout_c and q_c and the
-// window of attn and dmm at the block's 16 kv columns are staged, then warp w < D / 8 adds its n8
-// block of columns 8w .. 8w + 7 of both sums with two MMAs per k16 step. The next step's loads are
-// issued before this step's MMAs.
+// head of the group, a chunk of p.kv_chunk_rows q blocks at a time, the chunk's rows of dout_c and
+// q_c (cp.async) and the window of attn and dmm at the block's 16 kv columns are staged, then warp
+// w < D / 8 adds its n8 block of columns 8w .. 8w + 7 of both sums with two MMAs per k16 step.
+// Dynamic shared memory: dout_c's rows, q_c's rows ([kv_chunk_rows][D + 8] each), then the attn and
+// dmm windows ([kv_chunk_rows][16] each).
 template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;
   constexpr int kP = TileSmem<D>::kPitch;
-  __shared__ __align__(16) uint16_t xo[kSumTile * kP];  // dout_c rows
-  __shared__ __align__(16) uint16_t xq[kSumTile * kP];  // q_c rows
-  __shared__ __align__(16) uint16_t wa[kSumTile * kRows];  // attn window, [q block][kv block]
-  __shared__ __align__(16) uint16_t wd[kSumTile * kRows];  // dmm window
+  extern __shared__ __align__(16) uint16_t dynamic_smem[];
+  const int chunk = p.kv_chunk_rows;  // a multiple of 16
+  uint16_t* const xo = dynamic_smem;       // dout_c rows
+  uint16_t* const xq = xo + chunk * kP;    // q_c rows
+  uint16_t* const wa = xq + chunk * kP;    // attn window, [q block][kv block]
+  uint16_t* const wd = wa + chunk * kRows;  // dmm window
   const int bhk = blockIdx.y;
   const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int group = p.Hq / p.Hkv;
@@ -92,43 +108,32 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   const int nq = p.nq, nkv = p.nkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const bool owns = warp < D / 8;
-  const int tiles_per_head = (nq + kSumTile - 1) / kSumTile;
-  const int steps = group * tiles_per_head;
-  StagedRows<D, kSumTile> next_o, next_q;
-  static_assert(kSumTile * kRows <= kThreads, "a window element per thread");
-  uint16_t next_a = 0, next_d = 0;
-  auto fetch = [&](int step_index) {
-    const int hq = hk * group + step_index / tiles_per_head;
-    const int i0 = (step_index % tiles_per_head) * kSumTile;
-    const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
-    next_o.fetch(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0);
-    next_q.fetch(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0);
-    if (threadIdx.x < kSumTile * kRows) {
-      const int ii = threadIdx.x / kRows, jj = threadIdx.x % kRows;
-      const bool in = i0 + ii < nq && jj < cols;
-      const int64_t at = (q_row0 + i0 + ii) * nkv + j0 + jj;
-      next_a = in ? static_cast<const uint16_t*>(p.attn)[at] : uint16_t{0};
-      next_d = in ? static_cast<const uint16_t*>(p.dmm)[at] : uint16_t{0};
-    }
-  };
+  const uint16_t* attn = static_cast<const uint16_t*>(p.attn);
+  const uint16_t* dmm = static_cast<const uint16_t*>(p.dmm);
   float acc_v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_k[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  fetch(0);
-  for (int st = 0; st < steps; ++st) {
-    __syncthreads();  // the previous step's tiles are consumed
-    next_o.put(xo);
-    next_q.put(xq);
-    if (threadIdx.x < kSumTile * kRows) {
-      wa[threadIdx.x] = next_a;
-      wd[threadIdx.x] = next_d;
-    }
-    __syncthreads();
-    if (st + 1 < steps) fetch(st + 1);
-    if (owns) {
-#pragma unroll
-      for (int ks = 0; ks < kSumTile / 16; ++ks) {
+  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
+    const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
+    for (int i0 = 0; i0 < nq; i0 += chunk) {
+      const int count = round16(min(chunk, nq - i0));
+      __syncthreads();  // the previous chunk is consumed
+      copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0, count, xo);
+      copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0, count, xq);
+      cp_async_commit();
+#pragma unroll 4
+      for (int e = threadIdx.x; e < count * kRows; e += kThreads) {
+        const int ii = e / kRows, jj = e % kRows;
+        const bool in = i0 + ii < nq && jj < cols;
+        const int64_t at = (q_row0 + i0 + ii) * nkv + j0 + jj;
+        wa[e] = in ? attn[at] : uint16_t{0};
+        wd[e] = in ? dmm[at] : uint16_t{0};
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+      if (!owns) continue;
+      for (int k0 = 0; k0 < count; k0 += 16) {
         // A = the window transposed: row m = kv block g (+ 8), column k = q block 2t (+ 1, + 8).
-        const uint16_t* ca = wa + 16 * ks * kRows;
-        const uint16_t* cd = wd + 16 * ks * kRows;
+        const uint16_t* ca = wa + k0 * kRows;
+        const uint16_t* cd = wd + k0 * kRows;
         auto a_frag = [&](const uint16_t* c, uint32_t (&f)[4]) {
           f[0] = pack16(c[(2 * t) * kRows + g], c[(2 * t + 1) * kRows + g]);
           f[1] = pack16(c[(2 * t) * kRows + g + 8], c[(2 * t + 1) * kRows + g + 8]);
@@ -139,8 +144,8 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
         a_frag(ca, fa);
         a_frag(cd, fd);
         // B = the staged rows: k = q block 2t (+ 1, + 8), n = column 8w + g.
-        const uint16_t* bo = xo + 16 * ks * kP + 8 * warp + g;
-        const uint16_t* bq = xq + 16 * ks * kP + 8 * warp + g;
+        const uint16_t* bo = xo + k0 * kP + 8 * warp + g;
+        const uint16_t* bq = xq + k0 * kP + 8 * warp + g;
         mma_16816<T>(acc_v, fa, pack16(bo[(2 * t) * kP], bo[(2 * t + 1) * kP]),
                      pack16(bo[(2 * t + 8) * kP], bo[(2 * t + 9) * kP]));
         mma_16816<T>(acc_k, fd, pack16(bq[(2 * t) * kP], bq[(2 * t + 1) * kP]),

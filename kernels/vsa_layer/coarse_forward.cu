@@ -1,6 +1,6 @@
 // The VSA layer's coarse attention and selection (SPEC 3b steps 2-3) in one launch, a block of 512
 // threads per (b, q head, tile of 16 q blocks), with no host round trip and no sort (the products
-// on tensor cores, vsa_layer/coarse_tiles.cuh):
+// on tensor cores, k_c and v_c staged a chunk at a time, vsa_layer/coarse_tiles.cuh):
 //   1. scores[i][j] = dtype(dtype(q_c[i]·k_c[j]) * scale) for the tile's rows and every kv block,
 //      into the tile's rows (shared memory while they fit, else the reserve's attn rows);
 //   2. a warp per row: softmax over the kv blocks of nonzero size (fp32, rounded to the dtype) over
@@ -156,30 +156,41 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
 template <typename T, int D>
 __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
-  __shared__ __align__(16) uint16_t work[TileSmem<D>::kWorkBytes / 2];
-  extern __shared__ __align__(16) uint16_t tile_rows[];  // [16][nkv] when p.rows_in_smem
+  __shared__ int hist[kWarps * 256];  // a histogram per warp
+  // Dynamic: the stage [stage_rows][D + 8], then the tile's rows [16][nkv] when p.rows_in_smem.
+  extern __shared__ __align__(16) uint16_t dynamic_smem[];
+  uint16_t* const stage = dynamic_smem;
+  const int stage_rows = p.stage_rows;
   const int bh = blockIdx.y;
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
   const int i0 = blockIdx.x * kRows;
   const int rows = min(kRows, p.nq - i0);
   if (rows <= 0) return;
+  const int nkv = p.nkv;
   const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
-  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
-  const TileRows attn(tile_rows, static_cast<uint16_t*>(p.attn) + q_row0 * p.nkv, p.nkv,
-                      p.rows_in_smem != 0);
-  load_rows<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, a);
+  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv;
+  const TileRows attn(stage + stage_rows * TileSmem<D>::kPitch,
+                      static_cast<uint16_t*>(p.attn) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
+  const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
+  const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
+  const int first_chunk = round16(min(stage_rows, nkv));
+  // The tile's q_c rows and the first chunk of k_c, one copy in flight.
+  copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, 0, kRows, a);
+  copy_rows_async<D>(k_c, nkv, 0, first_chunk, stage);
+  cp_async_commit();
   const float scale = p.scale;
-  rows_dot_matrix<T, D>(a, rows, static_cast<const uint16_t*>(p.k_c) + kv0 * D, p.nkv, work,
+  rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows, true,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
+  // v_c's first chunk flies while the warps select.
+  copy_rows_async<D>(v_c, nkv, 0, first_chunk, stage);
+  cp_async_commit();
   const int warp = threadIdx.x >> 5;
-  // The histograms take the work region, free between the two products.
-  if (warp < rows)
-    softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), reinterpret_cast<int*>(work) + 256 * warp);
+  if (warp < rows) softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
   __syncthreads();
   attn.copy_home(rows);
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
-  rows_times_matrix<T, D>(attn.base, p.nkv, rows, static_cast<const uint16_t*>(p.v_c) + kv0 * D, p.nkv,
-                          work, [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
+  rows_times_matrix<T, D>(attn.base, nkv, rows, v_c, nkv, stage, stage_rows, true,
+                          [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
 }
 
 }  // namespace

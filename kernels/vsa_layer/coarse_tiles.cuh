@@ -4,10 +4,17 @@
 // of a few thousand rows at most per head, whose operands are already in the dtype (block means,
 // weights, their gradients), so the tensor cores see exactly the values the CPU backend multiplies;
 // only the fp32 order of each sum differs (SPEC 3b's tie rule, section 4's tolerances). Sixteen
-// warps because the row-wise passes between the products give each warp one row of the tile. The
-// operands go through shared memory as 16-bit tiles with a pitch of D + 8 elements: 16-byte aligned
-// rows whose fragment loads fall in 32 distinct banks. Every access is bounded by the rows and
-// columns that exist; what lies past them is zero.
+// warps because the row-wise passes between the products give each warp one row of the tile.
+//
+// These kernels are short and latency-bound: what costs is each wait for global memory, not the
+// arithmetic. So the other operand of a product comes into shared memory a whole chunk at a time,
+// as many rows as the plan's stage holds (kern::LayerCoarseForwardParams::stage_rows: all of them
+// where they fit, which at a few hundred blocks they do), by cp.async, and the copy of a product's
+// first chunk is issued before the work that precedes the product (the tile's rows, the selection,
+// the softmax's backward), so it is in flight meanwhile. The operands sit in shared memory as 16-bit
+// rows with a pitch of D + 8 elements: 16-byte aligned rows whose fragment loads fall in 32
+// distinct banks. Every access is bounded by the rows and columns that exist; the rows past them
+// are copied as zeros.
 #pragma once
 
 #include "vsa_layer/layer_common.cuh"
@@ -18,18 +25,11 @@ constexpr int kRows = kern::kLayerCoarseRows;       // 16: one m16 row block
 constexpr int kThreads = kern::kLayerCoarseThreads;  // 512
 constexpr int kWarps = kThreads / 32;               // 16
 static_assert(kWarps == kRows, "the row-wise passes give each warp one row of the tile");
-constexpr int kColTile = 8 * kWarps;  // 128 columns of a tile of dot products: an n8 block a warp
-constexpr int kSumTile = 32;          // terms of a tile of the weighted sums: two k16 steps
 
 template <int D>
 struct TileSmem {
-  static constexpr int kPitch = D + 8;  // elements of a staged 16-bit row
-  static constexpr int kRowElems = kRows * kPitch;                 // the tile's 16 rows
-  static constexpr int kDotBytes = 2 * kColTile * kPitch;          // a column tile
-  static constexpr int kSumBytes = 2 * kSumTile * kPitch;          // a term tile
-  static constexpr int kHistBytes = 4 * kWarps * 256;              // a histogram per warp
-  static constexpr int kMax2 = kDotBytes > kSumBytes ? kDotBytes : kSumBytes;
-  static constexpr int kWorkBytes = kMax2 > kHistBytes ? kMax2 : kHistBytes;
+  static constexpr int kPitch = D + 8;              // elements of a staged 16-bit row
+  static constexpr int kRowElems = kRows * kPitch;  // the tile's 16 rows
 };
 
 // Two 16-bit values as the 32-bit word of a fragment (lo: the lower column or row).
@@ -37,89 +37,86 @@ __device__ __forceinline__ uint32_t pack16(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-// Staging of a tile of `count` rows of a contiguous [n x D] matrix (rows first .. first + count - 1,
-// those at or past n as zeros) into shared memory at pitch D + 8, in two halves so that the loads
-// of the next tile are in flight while the current one is used: fetch() issues the global loads
-// into registers, put() writes them to shared memory.
-template <int D, int kCount>
-struct StagedRows {
-  static constexpr int kWordsPerRow = D / 8;  // 16-byte words
-  static constexpr int kTotal = kCount * kWordsPerRow;
-  static constexpr int kPerThread = (kTotal + kThreads - 1) / kThreads;
-  uint4 v[kPerThread];
-  __device__ __forceinline__ void fetch(const uint16_t* m, int n, int first) {
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int w = threadIdx.x + i * kThreads, r = w / kWordsPerRow, c = w % kWordsPerRow;
-      v[i] = w < kTotal && first + r < n
-                 ? reinterpret_cast<const uint4*>(m)[static_cast<int64_t>(first + r) * kWordsPerRow + c]
-                 : make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-  __device__ __forceinline__ void put(uint16_t* tile) const {
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int w = threadIdx.x + i * kThreads, r = w / kWordsPerRow, c = w % kWordsPerRow;
-      if (w < kTotal) *reinterpret_cast<uint4*>(tile + r * TileSmem<D>::kPitch + 8 * c) = v[i];
-    }
-  }
-};
+// The rows of a chunk, rounded up to whole k16 steps.
+__device__ __forceinline__ int round16(int n) { return (n + 15) & ~15; }
 
-// The tile's rows (rows <= 16 of them, the first rows of a contiguous [n x D] matrix of 16-bit
-// elements) into a[16][D + 8]; rows past `rows` read as 0. The caller synchronizes before use.
+// Issues (cp.async, uncommitted) the copy of rows first .. first + count - 1 of a contiguous
+// [n x D] matrix of 16-bit elements into dst at pitch D + 8; rows at or past n become zeros.
 template <int D>
-__device__ __forceinline__ void load_rows(const uint16_t* m, int rows, uint16_t* a) {
-  StagedRows<D, kRows> s;
-  s.fetch(m, rows, 0);
-  s.put(a);
+__device__ __forceinline__ void copy_rows_async(const uint16_t* m, int n, int first, int count,
+                                                uint16_t* dst) {
+  constexpr int kWords = D / 8;  // 16-byte words of a row
+  const int total = count * kWords;
+  for (int w = threadIdx.x; w < total; w += kThreads) {
+    const int r = w / kWords, c = w % kWords;
+    const bool valid = first + r < n;
+    const uint16_t* src = m + static_cast<int64_t>(valid ? first + r : 0) * D + 8 * c;
+    cp_async_16(smem_address(dst + r * TileSmem<D>::kPitch + 8 * c), src, valid);
+  }
 }
 
-// s[r][j] = a[r]·m[j] for r < rows and j < n, with a the tile's rows (load_rows) and m a contiguous
-// [n x D] matrix: store(r, j, s) for each. Warp w takes the n8 block 8w .. 8w + 7 of each 128-column
-// tile: per k16 step four words of the rows, two of the columns, one MMA. The next tile's loads are
-// issued before this tile's MMAs. Ends with the block synchronized (the work region free again).
+// The chunk of a product's matrix that starts at row j0: its rows, the copy of which (as
+// copy_rows_async, rounded up to whole k16 steps) the caller issued and committed already for the
+// first chunk when first_issued; waits for it and synchronizes the block.
+template <int D>
+__device__ __forceinline__ int stage_chunk(const uint16_t* m, int n, int j0, uint16_t* stage,
+                                           int stage_rows, bool first_issued) {
+  const int count = min(stage_rows, n - j0);
+  if (j0 > 0 || !first_issued) {
+    __syncthreads();  // the stage's previous chunk is consumed
+    copy_rows_async<D>(m, n, j0, round16(count), stage);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  return count;
+}
+
+// s[r][j] = a[r]·m[j] for r < rows and j < n, with a the tile's rows in shared memory (pitch D + 8)
+// and m a contiguous [n x D] matrix, staged a chunk at a time (stage_chunk): store(r, j, s) for
+// each. The warps take the chunk's n8 blocks in turn: per k16 step four words of the rows, two of
+// the columns, one MMA. Ends with the block synchronized (the stage free again).
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_dot_matrix(const uint16_t* a, int rows, const uint16_t* m, int n,
-                                                uint16_t* tile, Store&& store) {
+                                                uint16_t* stage, int stage_rows, bool first_issued,
+                                                Store&& store) {
   constexpr int kPW = TileSmem<D>::kPitch / 2;  // 32-bit words of a staged row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const uint32_t* aw = reinterpret_cast<const uint32_t*>(a);
-  const uint32_t* tw = reinterpret_cast<const uint32_t*>(tile);
-  StagedRows<D, kColTile> next;
-  next.fetch(m, n, 0);
-  for (int j0 = 0; j0 < n; j0 += kColTile) {
-    __syncthreads();  // the previous tile (or the caller) is done with the work region
-    next.put(tile);
-    __syncthreads();
-    if (j0 + kColTile < n) next.fetch(m, n, j0 + kColTile);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint32_t* sw = reinterpret_cast<const uint32_t*>(stage);
+  for (int j0 = 0; j0 < n; j0 += stage_rows) {
+    const int count = stage_chunk<D>(m, n, j0, stage, stage_rows, first_issued);
+    for (int c0 = 8 * warp; c0 < count; c0 += 8 * kWarps) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int col = c0 + g;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t af[4] = {aw[g * kPW + 8 * kk + t], aw[(g + 8) * kPW + 8 * kk + t],
-                              aw[g * kPW + 8 * kk + 4 + t], aw[(g + 8) * kPW + 8 * kk + 4 + t]};
-      const int col = 8 * warp + g;
-      mma_16816<T>(acc, af, tw[col * kPW + 8 * kk + t], tw[col * kPW + 8 * kk + 4 + t]);
-    }
-    const int j = j0 + 8 * warp + 2 * t;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t af[4] = {aw[g * kPW + 8 * kk + t], aw[(g + 8) * kPW + 8 * kk + t],
+                                aw[g * kPW + 8 * kk + 4 + t], aw[(g + 8) * kPW + 8 * kk + 4 + t]};
+        mma_16816<T>(acc, af, sw[col * kPW + 8 * kk + t], sw[col * kPW + 8 * kk + 4 + t]);
+      }
+      const int j = j0 + c0 + 2 * t;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = g + 8 * (e >> 1), jj = j + (e & 1);
-      if (r < rows && jj < n) store(r, jj, acc[e]);
+      for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), jj = j + (e & 1);
+        if (r < rows && jj < n) store(r, jj, acc[e]);
+      }
     }
   }
+  cp_async_wait<0>();  // n = 0: the first chunk's (empty) group
   __syncthreads();
 }
 
 // out[r][d] = Σ_{j < n} w[r][j] · m[j][d] for r < rows: w the tile's rows of a [rows x n] matrix
 // of 16-bit weights with row pitch w_pitch (shared or global memory, written before the block's
-// last barrier), m a contiguous [n x D] matrix; store(r, d, out) for each. Warp w < D / 8 owns the
-// n8 block of columns 8w .. 8w + 7: per k16 step eight 16-bit loads of the weights, four of the
-// term tile, one MMA. The next term tile's loads are issued before this tile's MMAs. Ends with the
-// block synchronized.
+// last barrier), m a contiguous [n x D] matrix, staged a chunk at a time (stage_chunk);
+// store(r, d, out) for each. Warp w < D / 8 owns the n8 block of columns 8w .. 8w + 7: per k16
+// step eight 16-bit loads of the weights, four of the staged rows, one MMA. Ends with the block
+// synchronized.
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_pitch, int rows,
-                                                  const uint16_t* m, int n, uint16_t* tile,
-                                                  Store&& store) {
+                                                  const uint16_t* m, int n, uint16_t* stage,
+                                                  int stage_rows, bool first_issued, Store&& store) {
   constexpr int kP = TileSmem<D>::kPitch;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const bool owns = warp < D / 8;
@@ -127,27 +124,21 @@ __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_p
     return r < rows && j < n ? w[r * w_pitch + j] : uint16_t{0};
   };
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  StagedRows<D, kSumTile> next;
-  next.fetch(m, n, 0);
-  for (int j0 = 0; j0 < n; j0 += kSumTile) {
-    __syncthreads();
-    next.put(tile);
-    __syncthreads();
-    if (j0 + kSumTile < n) next.fetch(m, n, j0 + kSumTile);
-    if (owns) {
-#pragma unroll
-      for (int ks = 0; ks < kSumTile / 16; ++ks) {
-        const int k0 = j0 + 16 * ks;
-        const uint32_t af[4] = {pack16(weight(g, k0 + 2 * t), weight(g, k0 + 2 * t + 1)),
-                                pack16(weight(g + 8, k0 + 2 * t), weight(g + 8, k0 + 2 * t + 1)),
-                                pack16(weight(g, k0 + 8 + 2 * t), weight(g, k0 + 9 + 2 * t)),
-                                pack16(weight(g + 8, k0 + 8 + 2 * t), weight(g + 8, k0 + 9 + 2 * t))};
-        const uint16_t* col = tile + 16 * ks * kP + 8 * warp + g;
-        mma_16816<T>(acc, af, pack16(col[(2 * t) * kP], col[(2 * t + 1) * kP]),
-                     pack16(col[(2 * t + 8) * kP], col[(2 * t + 9) * kP]));
-      }
+  for (int j0 = 0; j0 < n; j0 += stage_rows) {
+    const int count = stage_chunk<D>(m, n, j0, stage, stage_rows, first_issued);
+    if (!owns) continue;
+    for (int k0 = 0; k0 < count; k0 += 16) {
+      const int j = j0 + k0;
+      const uint32_t af[4] = {pack16(weight(g, j + 2 * t), weight(g, j + 2 * t + 1)),
+                              pack16(weight(g + 8, j + 2 * t), weight(g + 8, j + 2 * t + 1)),
+                              pack16(weight(g, j + 8 + 2 * t), weight(g, j + 9 + 2 * t)),
+                              pack16(weight(g + 8, j + 8 + 2 * t), weight(g + 8, j + 9 + 2 * t))};
+      const uint16_t* col = stage + k0 * kP + 8 * warp + g;
+      mma_16816<T>(acc, af, pack16(col[(2 * t) * kP], col[(2 * t + 1) * kP]),
+                   pack16(col[(2 * t + 8) * kP], col[(2 * t + 9) * kP]));
     }
   }
+  cp_async_wait<0>();
   if (owns) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {

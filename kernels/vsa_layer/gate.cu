@@ -8,9 +8,9 @@
 //     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order;
 // (The block means' backward takes no pass of its own: the fine branch's backward adds each block's
 // term as it writes dq, dk and dv, kern::BlockTerms.)
-// A unit of work is one 64-slot block of one (b, h). The element-wise passes move 16 bytes a thread
-// (the API guarantees 16-byte aligned rows); dout_c's sum takes 4 bytes a thread so that each column
-// sums its slots in order. The backward's kernels check the reserve's record first and write
+// A unit of work is one 64-slot block of one (b, h). Both passes move 16 bytes a thread (the API
+// guarantees 16-byte aligned rows); in the backward a thread owns eight columns of the unit and
+// sums their slots in order. The backward's kernels check the reserve's record first and write
 // nothing when it is not this call's.
 #include "vsa_layer/layer_common.cuh"
 
@@ -52,44 +52,51 @@ __device__ __forceinline__ void gate_forward(const kern::LayerGateParams& p) {
 template <typename T, int D>
 __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParams& p) {
   if (!reserve_matches(p.check)) return;
-  constexpr int kThreadsPerUnit = D / 2;
+  constexpr int kThreadsPerUnit = D / 8;
   constexpr int kUnitsPerBlock = kPassThreads / kThreadsPerUnit;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * kUnitsPerBlock + threadIdx.x / kThreadsPerUnit;
   if (unit >= p.units) return;
   const int i = static_cast<int>(unit % p.nq);
   const int64_t bh = unit / p.nq;
   const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
-  const int c = threadIdx.x % kThreadsPerUnit;  // columns 2c, 2c + 1
-  const uint32_t ocw = reinterpret_cast<const uint32_t*>(p.out_c)[(bh * p.nq + i) * (D / 2) + c];
-  const float oc0 = lo<T>(ocw), oc1 = hi<T>(ocw);
+  const int c = threadIdx.x % kThreadsPerUnit;  // columns 8c .. 8c + 7
+  float oc[8];
+  unpack8<T>(reinterpret_cast<const uint4*>(p.out_c)[(bh * p.nq + i) * (D / 8) + c], oc);
   const bool gated = p.gate.data != nullptr;
   const int64_t s0 = static_cast<int64_t>(i) * 64;
-  const uint16_t* dout = row_of(p.dout, b, h, s0) + 2 * c;
-  const uint16_t* gate = gated ? row_of(p.gate, b, h, s0) + 2 * c : nullptr;
-  uint16_t* dgate = gated ? mutable_row_of(p.dgate, b, h, s0) + 2 * c : nullptr;
-  float sum0 = 0.0f, sum1 = 0.0f;
-  constexpr int kBatch = 8;  // slots whose loads are in flight together
+  const uint16_t* dout = row_of(p.dout, b, h, s0) + 8 * c;
+  const uint16_t* gate = gated ? row_of(p.gate, b, h, s0) + 8 * c : nullptr;
+  uint16_t* dgate = gated ? mutable_row_of(p.dgate, b, h, s0) + 8 * c : nullptr;
+  float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  constexpr int kBatch = 4;  // slots whose loads are in flight together
   for (int r0 = 0; r0 < 64; r0 += kBatch) {
-    uint32_t wd[kBatch], wg[kBatch];
+    uint4 wd[kBatch], wg[kBatch];
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
-      wd[r] = *reinterpret_cast<const uint32_t*>(dout + (r0 + r) * p.dout.stride_s);
-      wg[r] = gated ? *reinterpret_cast<const uint32_t*>(gate + (r0 + r) * p.gate.stride_s) : 0u;
+      wd[r] = *reinterpret_cast<const uint4*>(dout + (r0 + r) * p.dout.stride_s);
+      wg[r] = gated ? *reinterpret_cast<const uint4*>(gate + (r0 + r) * p.gate.stride_s)
+                    : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
-      const float d0 = lo<T>(wd[r]), d1 = hi<T>(wd[r]);
+      float d[8];
+      unpack8<T>(wd[r], d);
       if (gated) {
-        sum0 += rnd<T>(d0 * lo<T>(wg[r]));
-        sum1 += rnd<T>(d1 * hi<T>(wg[r]));
-        *reinterpret_cast<uint32_t*>(dgate + (r0 + r) * p.dgate.stride_s) = pack<T>(d0 * oc0, d1 * oc1);
+        float g[8], dg[8];
+        unpack8<T>(wg[r], g);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          sum[e] += rnd<T>(d[e] * g[e]);
+          dg[e] = d[e] * oc[e];
+        }
+        *reinterpret_cast<uint4*>(dgate + (r0 + r) * p.dgate.stride_s) = pack8<T>(dg);
       } else {
-        sum0 += d0;
-        sum1 += d1;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[e] += d[e];
       }
     }
   }
-  reinterpret_cast<uint32_t*>(p.dout_c)[(bh * p.nq + i) * (D / 2) + c] = pack<T>(sum0, sum1);
+  reinterpret_cast<uint4*>(p.dout_c)[(bh * p.nq + i) * (D / 8) + c] = pack8<T>(sum);
 }
 
 }  // namespace

@@ -102,6 +102,9 @@ struct DeviceInfo {
   int sm_major = 0;
   int sm_minor = 0;
   int sm_count = 0;
+  // Shared memory of one SM in bytes (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR): how
+  // many blocks of a kernel's shared-memory footprint an SM holds. 0 when unknown.
+  int smem_per_sm = 0;
   std::string name;
   // The handle's image choice (fva_handle_options_t.ptx_jit): load the families' PTX-only fatbins,
   // which the driver JIT-compiles, instead of the fatbins with SASS. Set by fva_create.

@@ -152,6 +152,7 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     cp.topk = static_cast<int32_t>(p.topk);
     cp.scale = f.scale;
     cp.rows_in_smem = plan.coarse_rows_in_smem ? 1 : 0;
+    cp.stage_rows = plan.coarse_stage_rows;
     l.grid_x = plan.coarse_q_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hq);
     l.block = kern::kLayerCoarseThreads;
@@ -258,6 +259,8 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     cp.nkv = nkv;
     cp.scale = f.scale;
     cp.rows_in_smem = plan.coarse_rows_in_smem ? 1 : 0;
+    cp.stage_rows = plan.coarse_stage_rows;
+    cp.kv_chunk_rows = plan.coarse_kv_chunk_rows;
     l.grid_x = plan.coarse_q_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hq);
     l.block = kern::kLayerCoarseThreads;
@@ -265,7 +268,7 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     launch("layer", kernel_name("coarse_bwd_q", f).c_str(), h.device, l, stream, cp);
     l.grid_x = plan.coarse_kv_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hkv);
-    l.smem = 0;
+    l.smem = plan.coarse_kv_smem;
     launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
   }
 

@@ -54,10 +54,14 @@ struct VsaLayerPlan {
   int64_t mean_units = 0, gate_units = 0;
   unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
   unsigned coarse_q_tiles = 0, coarse_kv_tiles = 0;
-  // The coarse kernels' tile rows in dynamic shared memory (nkv <= kLayerCoarseSmemMaxKv): its
-  // bytes, 0 when they work on the rows' global home.
+  // The coarse kernels' tile rows in dynamic shared memory (nkv <= kLayerCoarseSmemMaxKv).
   bool coarse_rows_in_smem = false;
-  size_t coarse_smem = 0;
+  // The q side's stage (kern::LayerCoarseForwardParams::stage_rows) and its dynamic shared memory
+  // (the stage, then the tile rows when they are in shared memory); the kv side's chunk of q blocks
+  // (kern::LayerCoarseBackwardParams::kv_chunk_rows) and its dynamic shared memory. Sized so that
+  // two blocks fit on an SM, with every kv block in one chunk where they fit.
+  int coarse_stage_rows = 0, coarse_kv_chunk_rows = 0;
+  size_t coarse_smem = 0, coarse_kv_smem = 0;
 };
 
 VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p);

@@ -389,8 +389,8 @@ TEST_CASE("GPU VSA layer at fixed corners: topk 1, topk = nkv, topk > nkv, every
     SUBCASE(c.name.c_str()) { check_layer_case(c); }
 }
 
-// Several 16-row tiles of the coarse kernels, 64-column tiles of their dot products, 32-entry
-// chunks of the selection's scan, and rows whose scores tie exactly (copies of kv block 0), so the
+// Several 16-row tiles of the coarse kernels, their products' staged operands in one chunk and in
+// several (vsa_layer/coarse_tiles.cuh), 32-entry chunks of the selection's scan, and rows whose scores tie exactly (copies of kv block 0), so the
 // radix select's threshold bin holds many equal keys and the lowest indices must win.
 TEST_CASE("GPU VSA layer at longer sequences: several coarse tiles, tied scores, many kv blocks") {
   std::vector<LayerCase> cases;
@@ -415,8 +415,16 @@ TEST_CASE("GPU VSA layer at longer sequences: several coarse tiles, tied scores,
     cases.push_back(c);
   }
   {
+    // More q blocks than the coarse backward's kv side stages at once (176 at D = 128 on a GPU
+    // with 228 KiB of shared memory an SM, fewer on the others), over a GQA group.
+    LayerCase c;
+    c.name = "many q blocks (the coarse kv side in chunks), bf16 D128, GQA, gate";
+    c.B = 1, c.Hq = 2, c.Hkv = 1, c.nq = 200, c.nkv = 20, c.D = 128, c.topk = 5, c.gate = true;
+    cases.push_back(c);
+  }
+  {
     // Past kern::kLayerCoarseSmemMaxKv (1024) kv blocks the coarse kernels work on their rows'
-    // global home instead of shared memory.
+    // global home instead of shared memory, and their products take k_c and v_c in chunks.
     LayerCase c;
     c.name = "many kv blocks (coarse rows in global memory), bf16 D64, GQA, gate";
     c.B = 1, c.Hq = 2, c.Hkv = 1, c.nq = 18, c.nkv = 1030, c.D = 64, c.topk = 40, c.gate = true;
