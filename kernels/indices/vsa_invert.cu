@@ -83,10 +83,12 @@ __device__ __forceinline__ void entries_kv(const InvertParams& p, const Chunk& c
 // min(num_kv_blocks, kInvertKvWindow) counters.
 extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
     fva_vsa_invert_tally(const InvertParams p) {
-  // No wait for the kernel before it: the tally reads the call's inputs alone and writes a
-  // region no earlier kernel of the call touches. It is its call's first kernel, or (VSA
-  // backward) follows Delta, which was launched after everything before the call and which
-  // fva_vsa_invert_order waits for by its count (primitives/kernel_chain.cuh).
+  // No wait for the kernel before it until the end: the tally reads the call's inputs alone and
+  // writes a region no earlier kernel of the call touches. Where Delta's count links the chain
+  // (the VSA backward: fva_vsa_invert_order waits for the count, which Delta adds to only after the
+  // kernels before it completed) it exits at once; otherwise it waits for the kernel before it
+  // before it exits, which keeps the chain's order for the kernels after it
+  // (primitives/kernel_chain.cuh).
   fva::dev::allow_next_kernel();
   extern __shared__ int32_t counts[];
   constexpr int kPerThread = 4;
@@ -109,6 +111,7 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
       tally[static_cast<int64_t>(k0 + k) * p.num_chunks] = counts[k];
     __syncthreads();  // the counters are reset for the next window
   }
+  if (p.delta_done == nullptr) fva::dev::wait_for_prior_kernels();
 }
 
 namespace {

@@ -35,8 +35,10 @@ constexpr int kBwdThreads = 128;
 // issued before any product, so that a grid of a few blocks per SM (the VSA backward's, launched
 // first and left resident beside the k2q inverse: src/cuda/vsa_ops.cpp) still keeps enough bytes in
 // flight for the DRAM. A grid of one row group per warp (the QAT backward's) runs the loop once.
-// With p.delta_done set, each block adds 1 to it once its rows are written (the release that the
-// dK/dV block order's wait acquires, indices/vsa_invert.cu).
+// With p.delta_done set, each block adds 1 to it once its rows are written and the kernels chained
+// before it have completed (count_delta_block, after the kernel's wait: the release that the dK/dV
+// block order's wait acquires, indices/vsa_invert.cu), so the full count also vouches for every
+// kernel of the call before Delta.
 constexpr int kDeltaUnroll = 4;
 
 template <typename T, int D>
@@ -110,11 +112,15 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
       if (row[u] < rows && lane % kLanesPerRow == 0) p.delta[row[u]] = sum[u];
     }
   }
-  if (p.delta_done != nullptr) {
-    __threadfence();  // this thread's rows, visible at gpu scope before the count
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(p.delta_done, 1);
-  }
+}
+
+// The block's addition to Delta's count (AttentionParams::delta_done), made once its rows are
+// written and the kernel has waited for the kernels chained before it.
+__device__ __forceinline__ void count_delta_block(const kern::AttentionParams& p) {
+  if (p.delta_done == nullptr) return;
+  __threadfence();  // this thread's rows, visible at gpu scope before the count
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(p.delta_done, 1);
 }
 
 // The host sizes Delta's grid by kern::delta_rows_per_warp.

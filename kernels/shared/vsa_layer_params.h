@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "shared/host_device.h"
 #include "shared/kernel_params.h"  // with shared/layer_reserve_record.h
 
 namespace fva::kern {
@@ -42,6 +43,9 @@ constexpr int kLayerCoarseThreads = 512;
 // The coarse kernels keep their tile's [16 x nkv] rows (scores and weights; dattn and dmm) in
 // dynamic shared memory up to this many kv blocks, and work on their global home beyond it.
 constexpr int kLayerCoarseSmemMaxKv = 1024;
+// The elements from one of those rows to the next in shared memory: nkv rounded up to whole k16
+// steps, plus 8 (16-byte aligned rows whose 16-byte pieces fall in distinct banks).
+FVA_HD constexpr int64_t layer_coarse_row_pitch(int64_t nkv) { return (nkv + 15) / 16 * 16 + 8; }
 struct LayerCoarseForwardParams {
   const void* q_c;  // [B, Hq, nq, D]
   const void* k_c;  // [B, Hkv, nkv, D]

@@ -181,6 +181,7 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   }
 
   FVA_VSA_FWD_TRACE(2);
+  if (P.layer_gate.out.data != nullptr) prefetch_layer_gate<D>(P.layer_gate, p, tid);
   store_forward_outputs_tma<T, D, L>(P, o, m, q_tile, tid, warp, g, t);
   // The VSA layer's call: its output pass, from the tile just staged (sm90/fused_layer_gate.cuh).
   if (P.layer_gate.out.data != nullptr) fused_layer_gate<T, D, L>(P.layer_gate, p, q_tile, tid);

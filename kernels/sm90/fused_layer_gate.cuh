@@ -14,6 +14,24 @@
 
 namespace fva::dev::sm90 {
 
+// Before the epilogue stages o: asks the L2 for the block's out_c row and 64 gate rows, so that
+// their DRAM latency passes while the epilogue normalizes and stages o, and fused_layer_gate's
+// loads find them in the L2 (prefetches: no register, no wait).
+template <int D>
+__device__ __forceinline__ void prefetch_layer_gate(const kern::Sm90FusedLayerGate& G,
+                                                    const kern::AttentionParams& p, int tid) {
+  constexpr int kLinesPerRow = D * 2 / 128;  // 128-byte lines of a row: 2 (D = 128), 1 (D = 64)
+  const CompactBlock at(p, opaque(blockIdx.x), opaque(blockIdx.y));
+  if (tid < kLinesPerRow)
+    prefetch_l2(static_cast<const uint16_t*>(G.out_c) +
+                (static_cast<int64_t>(at.bh) * G.nq + at.row0 / 64) * D + tid * 64);
+  if (G.gate.data == nullptr) return;
+  for (int l = tid; l < 64 * kLinesPerRow; l += kern::kWarpgroupThreads) {
+    const int r = l / kLinesPerRow, part = l % kLinesPerRow;
+    prefetch_l2(layer::row_of(G.gate, at.b, at.h, at.row0 + r) + part * 64);
+  }
+}
+
 // After store_forward_outputs_tma (its barrier has made the staged tile visible to every thread;
 // the TMA store only reads the tile, as this pass does).
 template <typename T, int D, typename Tiles>

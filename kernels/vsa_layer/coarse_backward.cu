@@ -31,7 +31,7 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;  // every warp of the block decides alike
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
-  // Dynamic: the stage [stage_rows][D + 8], then the tile's rows [16][nkv] when p.rows_in_smem.
+  // Dynamic: the stage [stage_rows][D + 8], then the tile's rows when p.rows_in_smem (TileRows).
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;
   const int stage_rows = p.stage_rows;
@@ -45,6 +45,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   const int nkv = p.nkv;
   const TileRows dmm(stage + stage_rows * TileSmem<D>::kPitch,
                      static_cast<uint16_t*>(p.dmm) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
+  dmm.zero_padding(rows);
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
   const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
   const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
@@ -76,7 +77,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   __syncthreads();
   dmm.copy_home(rows);  // the kv side reads dmm from the workspace
   uint16_t* dq_term = static_cast<uint16_t*>(p.dq_term) + q_row0 * D;
-  rows_times_matrix<T, D>(dmm.base, nkv, rows, k_c, nkv, stage, stage_rows, true,
+  rows_times_matrix<T, D>(dmm, rows, k_c, nkv, stage, stage_rows, true,
                           [&](int r, int d, float o) {
                             const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
                             dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));

@@ -70,6 +70,10 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
   const int nkv = p.nkv;
   const unsigned lt = (1u << lane) - 1u;
   auto valid = [&](int j) { return block_tokens(p.kv_sizes, p.kv_sizes_stride, j) > 0; };
+  // Pass 1 reads the blocks' sizes; the passes after it take their answers from these bits (bit n:
+  // the lane's n-th kv block, lane + 32 n, for the first 32 of them), and read again past those.
+  uint32_t valid_bits = 0;
+  auto valid_at = [&](int n, int j) { return n < 32 ? ((valid_bits >> n) & 1u) != 0 : valid(j); };
   // Pass 1: the largest score, the blocks that take part, and the keys' high bytes counted. The
   // warp's previous row read hist last (find_bin); its lanes finish those reads before any clears.
   __syncwarp();
@@ -77,9 +81,10 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
   __syncwarp();
   float mx = -__builtin_huge_valf();
   int taking_part = 0;
-  for (int j = lane; j < nkv; j += 32) {
+  for (int n = 0, j = lane; j < nkv; ++n, j += 32) {
     const uint16_t s = row[j];
     const bool ok = valid(j);
+    if (ok && n < 32) valid_bits |= 1u << n;
     if (ok) {
       mx = fmaxf(mx, Elem<T>::value(s));  // NaN scores are passed over
       ++taking_part;
@@ -97,8 +102,8 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
   // Pass 2: the low bytes of the keys in that bin.
   for (int e = lane; e < 256; e += 32) hist[e] = 0;
   __syncwarp();
-  for (int j = lane; j < nkv; j += 32) {
-    const uint32_t key = valid(j) ? score_key<T>(row[j]) : 0u;
+  for (int n = 0, j = lane; j < nkv; ++n, j += 32) {
+    const uint32_t key = valid_at(n, j) ? score_key<T>(row[j]) : 0u;
     if (static_cast<int>(key >> 8) == key_hi) atomicAdd(&hist[key & 0xffu], 1);
   }
   __syncwarp();
@@ -108,8 +113,8 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
   const int ties_needed = k - above_hi - above_lo;  // keys equal to the threshold, lowest index first
   // Pass 3: the softmax's sum (each lane in index order, then the butterfly).
   float sum = 0.0f;
-  for (int j = lane; j < nkv; j += 32)
-    if (valid(j)) sum += expf(Elem<T>::value(row[j]) - mx);
+  for (int n = 0, j = lane; j < nkv; ++n, j += 32)
+    if (valid_at(n, j)) sum += expf(Elem<T>::value(row[j]) - mx);
   sum = warp_sum(sum);
   // Pass 4: the weights over the scores, and the list in index order.
   const int64_t list_row = (static_cast<int64_t>(b) * p.Hq + h) * p.nq + i;
@@ -124,7 +129,7 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
     uint32_t key = 0;
     if (inside) {
       const uint16_t s = row[j];
-      const bool ok = valid(j);
+      const bool ok = valid_at(j0 / 32, j);
       key = ok ? score_key<T>(s) : 0u;
       row[j] = Elem<T>::bits(ok ? expf(Elem<T>::value(s) - mx) / sum : 0.0f);
     }
@@ -157,7 +162,7 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
   __shared__ int hist[kWarps * 256];  // a histogram per warp
-  // Dynamic: the stage [stage_rows][D + 8], then the tile's rows [16][nkv] when p.rows_in_smem.
+  // Dynamic: the stage [stage_rows][D + 8], then the tile's rows when p.rows_in_smem (TileRows).
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;
   const int stage_rows = p.stage_rows;
@@ -171,6 +176,7 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv;
   const TileRows attn(stage + stage_rows * TileSmem<D>::kPitch,
                       static_cast<uint16_t*>(p.attn) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
+  attn.zero_padding(rows);
   const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
   const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
   const int first_chunk = round16(min(stage_rows, nkv));
@@ -189,7 +195,7 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   __syncthreads();
   attn.copy_home(rows);
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
-  rows_times_matrix<T, D>(attn.base, nkv, rows, v_c, nkv, stage, stage_rows, true,
+  rows_times_matrix<T, D>(attn, rows, v_c, nkv, stage, stage_rows, true,
                           [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
 }
 

@@ -107,21 +107,61 @@ __device__ __forceinline__ void rows_dot_matrix(const uint16_t* a, int rows, con
   __syncthreads();
 }
 
+// The tile's rows of a [rows x n] matrix of 16-bit values, kept in shared memory while they fit
+// (kern::LayerCoarseForwardParams::rows_in_smem), else in their global home: row r at
+// base + r * pitch either way. In shared memory the pitch is kern::layer_coarse_row_pitch(n): whole
+// k16 steps plus 8 elements, so that rows_times_matrix's ldmatrix reads 16-byte aligned rows in
+// distinct banks, and zero_padding() makes what lies past the rows and columns that exist read as
+// zeros; at home the pitch is n (contiguous rows). copy_home() writes the shared rows to their
+// home (the caller synchronizes first); with the rows at home already it does nothing.
+struct TileRows {
+  uint16_t* base;
+  int64_t pitch;
+  uint16_t* home;
+  int64_t n;
+  bool in_smem;
+  __device__ __forceinline__ TileRows(uint16_t* smem, uint16_t* global_rows, int64_t cols, bool use_smem)
+      : base(use_smem ? smem : global_rows),
+        pitch(use_smem ? kern::layer_coarse_row_pitch(cols) : cols),
+        home(global_rows),
+        n(cols),
+        in_smem(use_smem) {}
+  __device__ __forceinline__ uint16_t* row(int r) const { return base + r * pitch; }
+  // Zeros over the columns n .. pitch - 1 of every row and all of rows `rows` .. 15 (shared
+  // memory only; the products write and read the rest).
+  __device__ __forceinline__ void zero_padding(int rows) const {
+    if (!in_smem) return;
+    for (int64_t e = threadIdx.x; e < kRows * pitch; e += kThreads) {
+      const int64_t r = e / pitch, j = e % pitch;
+      if (r >= rows || j >= n) base[e] = 0;
+    }
+  }
+  // A warp per row, the lanes over its columns.
+  __device__ __forceinline__ void copy_home(int rows) const {
+    if (!in_smem) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < rows; r += kWarps)
+      for (int64_t j = lane; j < n; j += 32) home[r * n + j] = base[r * pitch + j];
+  }
+};
+
 // out[r][d] = Σ_{j < n} w[r][j] · m[j][d] for r < rows: w the tile's rows of a [rows x n] matrix
-// of 16-bit weights with row pitch w_pitch (shared or global memory, written before the block's
-// last barrier), m a contiguous [n x D] matrix, staged a chunk at a time (stage_chunk);
-// store(r, d, out) for each. Warp w < D / 8 owns the n8 block of columns 8w .. 8w + 7: per k16
-// step eight 16-bit loads of the weights, four of the staged rows, one MMA. Ends with the block
-// synchronized.
+// of 16-bit weights (TileRows, written before the block's last barrier), m a contiguous [n x D]
+// matrix, staged a chunk at a time (stage_chunk); store(r, d, out) for each. Warp w < D / 8 owns
+// the n8 block of columns 8w .. 8w + 7: per k16 step the weights' A fragment (one ldmatrix where
+// the rows are in shared memory, whose padding reads as zeros; else eight bounded 16-bit loads),
+// four 16-bit loads of the staged rows, one MMA. Ends with the block synchronized.
 template <typename T, int D, typename Store>
-__device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_pitch, int rows,
-                                                  const uint16_t* m, int n, uint16_t* stage,
-                                                  int stage_rows, bool first_issued, Store&& store) {
+__device__ __forceinline__ void rows_times_matrix(const TileRows& w, int rows, const uint16_t* m, int n,
+                                                  uint16_t* stage, int stage_rows, bool first_issued,
+                                                  Store&& store) {
   constexpr int kP = TileSmem<D>::kPitch;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const bool owns = warp < D / 8;
+  // ldmatrix: lane l gives the address of row l % 16 at column 8 (l / 16) of the k16 step.
+  const uint32_t w_lane = w.in_smem ? smem_address(w.base + (lane % 16) * w.pitch + (lane / 16) * 8) : 0u;
   auto weight = [&](int r, int j) -> uint16_t {
-    return r < rows && j < n ? w[r * w_pitch + j] : uint16_t{0};
+    return r < rows && j < n ? w.base[r * w.pitch + j] : uint16_t{0};
   };
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int j0 = 0; j0 < n; j0 += stage_rows) {
@@ -129,10 +169,15 @@ __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_p
     if (!owns) continue;
     for (int k0 = 0; k0 < count; k0 += 16) {
       const int j = j0 + k0;
-      const uint32_t af[4] = {pack16(weight(g, j + 2 * t), weight(g, j + 2 * t + 1)),
-                              pack16(weight(g + 8, j + 2 * t), weight(g + 8, j + 2 * t + 1)),
-                              pack16(weight(g, j + 8 + 2 * t), weight(g, j + 9 + 2 * t)),
-                              pack16(weight(g + 8, j + 8 + 2 * t), weight(g + 8, j + 9 + 2 * t))};
+      uint32_t af[4];
+      if (w.in_smem) {
+        ldmatrix_x4(af, w_lane + 2 * j);
+      } else {
+        af[0] = pack16(weight(g, j + 2 * t), weight(g, j + 2 * t + 1));
+        af[1] = pack16(weight(g + 8, j + 2 * t), weight(g + 8, j + 2 * t + 1));
+        af[2] = pack16(weight(g, j + 8 + 2 * t), weight(g, j + 9 + 2 * t));
+        af[3] = pack16(weight(g + 8, j + 8 + 2 * t), weight(g + 8, j + 9 + 2 * t));
+      }
       const uint16_t* col = stage + k0 * kP + 8 * warp + g;
       mma_16816<T>(acc, af, pack16(col[(2 * t) * kP], col[(2 * t + 1) * kP]),
                    pack16(col[(2 * t + 8) * kP], col[(2 * t + 9) * kP]));
@@ -148,33 +193,6 @@ __device__ __forceinline__ void rows_times_matrix(const uint16_t* w, int64_t w_p
   }
   __syncthreads();
 }
-
-// The tile's rows of a [rows x n] matrix of 16-bit values, kept in shared memory while they fit
-// (kern::LayerCoarseForwardParams::rows_in_smem), else in their global home: row r at
-// base + r * n either way. copy_home() writes the shared rows to their global home (the caller
-// synchronizes first); with the rows at home already it does nothing.
-struct TileRows {
-  uint16_t* base;
-  uint16_t* home;
-  int64_t n;
-  bool in_smem;
-  __device__ __forceinline__ TileRows(uint16_t* smem, uint16_t* global_rows, int64_t cols, bool use_smem)
-      : base(use_smem ? smem : global_rows), home(global_rows), n(cols), in_smem(use_smem) {}
-  __device__ __forceinline__ uint16_t* row(int r) const { return base + r * n; }
-  __device__ __forceinline__ void copy_home(int rows) const {
-    if (!in_smem) return;
-    const int64_t elems = rows * n;
-    // Both regions start 16-byte aligned when n is a multiple of 8 (the host pads nothing: the
-    // global rows are contiguous); otherwise element by element.
-    if ((n & 7) == 0) {
-      const uint4* src = reinterpret_cast<const uint4*>(base);
-      uint4* dst = reinterpret_cast<uint4*>(home);
-      for (int64_t e = threadIdx.x; e < elems / 8; e += kThreads) dst[e] = src[e];
-    } else {
-      for (int64_t e = threadIdx.x; e < elems; e += kThreads) home[e] = base[e];
-    }
-  }
-};
 
 // ---- warp-wide helpers ---------------------------------------------------------------------------
 

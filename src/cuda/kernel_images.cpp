@@ -220,10 +220,11 @@ CUkernel kernel(const char* family, const char* name, const DeviceInfo& device, 
 
 namespace {
 
-// The calling thread's LaunchChain: whether one is open and chains its launches (false outside
-// one), and whether a kernel of it has been launched since it opened or since the last
+// The calling thread's LaunchChain: whether one is open, whether it chains its launches (false
+// outside one), and whether a kernel of it has been launched since it opened or since the last
 // memset_words.
 struct ChainState {
+  bool open = false;
   bool chaining = false;
   bool after_kernel = false;
 };
@@ -266,10 +267,14 @@ bool chained_launches_supported(const DeviceInfo& device, const TuningOptions& o
 }
 
 LaunchChain::LaunchChain(const DeviceInfo& device, const TuningOptions& options) {
-  t_chain = ChainState{chained_launches_supported(device, options), false};
+  if (t_chain.open) return;  // joins the thread's open chain
+  t_chain = ChainState{true, chained_launches_supported(device, options), false};
+  opened_ = true;
 }
 
-LaunchChain::~LaunchChain() { t_chain = ChainState{}; }
+LaunchChain::~LaunchChain() {
+  if (opened_) t_chain = ChainState{};
+}
 
 void memset_words(void* address, uint32_t value, size_t words, void* stream, const char* what) {
   const Api& a = checked_api();

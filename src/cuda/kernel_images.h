@@ -60,13 +60,18 @@ bool chained_launches_supported(const DeviceInfo& device, const TuningOptions& o
 // every kernel fvattn ships waits for its predecessor before touching memory). The first kernel
 // waits for whatever the stream held before the call, as always. Each op of the CUDA backend opens
 // one chain before its first launch; where chained_launches_supported says no, every launch is
-// ordered by the stream alone.
+// ordered by the stream alone. A chain opened while another is open on the thread (an op that runs
+// another op's launches inside its own: the VSA layer runs the fine branch's) joins it: the outer
+// chain's kernels and the inner op's form one chain, which the outer chain closes.
 class LaunchChain {
  public:
   LaunchChain(const DeviceInfo& device, const TuningOptions& options);
   ~LaunchChain();
   LaunchChain(const LaunchChain&) = delete;
   LaunchChain& operator=(const LaunchChain&) = delete;
+
+ private:
+  bool opened_ = false;  // this object opened the thread's chain (false: it joined an open one)
 };
 
 // cuMemsetD32Async of `words` 32-bit words at `address` on `stream`; `what` names the buffer in the

@@ -8,9 +8,11 @@
 //   backward: dgate and dout_c (one pass over dout) -> the coarse backward's q side, then its kv
 //             side, which leave the block means' terms -> the fine VSA backward, which writes dq,
 //             dk and dv with each block's term added (kern::BlockTerms: no pass of its own).
-// Nothing is read back on the host and nothing synchronizes: the backward's kernels, the fine
-// branch's included, check the reserve's record on the device, and where it is not the record of a
-// forward of this call's problem they write nothing.
+// Each call's kernels, the fine branch's included, form one chain of programmatic launches
+// (kernel_images.h), so the fine backward's Delta and the k2q inverse's first kernel run beside the
+// coarse backward. Nothing is read back on the host and nothing synchronizes: the backward's
+// kernels, the fine branch's included, check the reserve's record on the device, and where it is not
+// the record of a forward of this call's problem they write nothing.
 #include <fmt/format.h>
 
 #include <limits>
@@ -94,8 +96,9 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
   const VsaLayerReserve& r = plan.reserve;
   const FineViews fine = fine_views(plan, p, reserve);
   const int32_t nq = static_cast<int32_t>(f.num_q_blocks), nkv = static_cast<int32_t>(f.num_kv_blocks);
+  // The call's kernels, the fine branch's included, chained (kernel_images.h).
+  const LaunchChain chain(h.device, h.tuning);
   {
-    const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
     // 1. Block means of q, k and v; the reserve's record cleared until the forward is done.
     kern::LayerMeansParams mp{};
     const fva_tensor_t* xs[3] = {&q, &k, &v};
@@ -160,7 +163,7 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     launch("layer", kernel_name("coarse_fwd", f).c_str(), h.device, l, stream, cp);
   }
 
-  // 3. The fine branch over the selected lists, into the reserve (its own chain), and 4. out and the
+  // 3. The fine branch over the selected lists, into the reserve, and 4. out and the
   // reserve's record: the sm_90a forward computes them in its epilogue; after the portable forward
   // the gate pass does.
   VsaLayerProblem recorded = p;
@@ -176,7 +179,6 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
                   workspace_pointer<char>(ws, plan.forward_fine), stream, &fused))
     return;
   {
-    const LaunchChain chain(h.device, h.tuning);
     kern::LayerGateParams gp{};
     gp.gate = fused.gate;
     gp.out = fused.out;
@@ -217,8 +219,12 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   void* const dq_term = workspace_pointer<char>(ws, plan.dq_term);
   void* const dk_term = workspace_pointer<char>(ws, plan.dk_term);
   void* const dv_term = workspace_pointer<char>(ws, plan.dv_term);
+  void* const fine_ws = workspace_pointer<char>(ws, plan.backward_fine);
+  // The call's kernels, the fine branch's included, chained (kernel_images.h). The fine backward's
+  // Delta count is cleared ahead of them all, so that its Delta runs beside the coarse backward.
+  const LaunchChain chain(h.device, h.tuning);
+  vsa_backward_clear_delta_count(h, f, fine_ws, stream);
   {
-    const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
     // 1. dgate, and dout_c = the coarse output's gradient.
     kern::LayerGateBackwardParams gp{};
     gp.check = check;
@@ -272,11 +278,10 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
   }
 
-  // 4. The fine branch's backward (its own chain), writing dq, dk, dv with the block means' terms.
+  // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq, dk, dv, workspace_pointer<char>(ws, plan.backward_fine), stream,
-               &terms);
+               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_count_cleared=*/true);
 }
 
 }  // namespace fva::cuda

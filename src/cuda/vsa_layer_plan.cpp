@@ -21,8 +21,9 @@ int64_t column_units_per_block(int64_t D) { return kPassThreads / (D / 8); }
 // the GPUs since Ampere). The q side's static arrays are the tile's rows and the forward's
 // histograms; its stage takes what remains after them and the tile rows, in whole 128-row steps,
 // at least 128 rows (which with the largest tile rows, 1024 kv blocks, still fits the per-block
-// limit of every GPU since Ampere, 99 KiB), at most every kv block. The kv side's chunk takes
-// the rows of dout_c and q_c and the two 16-column windows per q block, in whole 16-row steps.
+// limit of every GPU since Ampere, 99 KiB), at most every kv block; the tile rows' pitch is
+// kern::layer_coarse_row_pitch. The kv side's chunk takes the rows of dout_c and q_c and the two
+// 16-column windows per q block, in whole 16-row steps.
 void plan_coarse_smem(const DeviceInfo& device, const VsaProblem& f, VsaLayerPlan* plan) {
   constexpr size_t kReservedPerBlock = 1024, kUnknownSmPerSm = 100 * 1024;
   const size_t per_sm = device.smem_per_sm > 0 ? static_cast<size_t>(device.smem_per_sm) : kUnknownSmPerSm;
@@ -30,7 +31,8 @@ void plan_coarse_smem(const DeviceInfo& device, const VsaProblem& f, VsaLayerPla
   const size_t D = static_cast<size_t>(f.D), rows = kern::kLayerCoarseRows;
   const size_t row_bytes = 2 * (D + 8);  // a staged row
   const size_t static_bytes = rows * row_bytes + sizeof(int) * 256 * rows;
-  const size_t tile_rows = plan->coarse_rows_in_smem ? 2 * rows * static_cast<size_t>(f.num_kv_blocks) : 0;
+  const size_t tile_rows =
+      plan->coarse_rows_in_smem ? 2 * rows * static_cast<size_t>(kern::layer_coarse_row_pitch(f.num_kv_blocks)) : 0;
   const size_t taken = static_bytes + tile_rows;
   const size_t fit = per_block > taken ? (per_block - taken) / row_bytes / 128 * 128 : 0;
   const size_t all = (static_cast<size_t>(f.num_kv_blocks) + 127) / 128 * 128;

@@ -161,12 +161,18 @@ size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p) {
   return plan_vsa_backward(h, p).workspace_bytes;
 }
 
+void vsa_backward_clear_delta_count(const fva_handle& h, const VsaProblem& p, void* ws, void* stream) {
+  const VsaBackwardPlan plan = plan_vsa_backward(h, p);
+  if (plan.orders_kv_blocks)
+    memset_words(workspace_pointer<int32_t>(ws, plan.delta_done), 0, 1, stream, "Delta's count");
+}
+
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
-                  void* stream, const kern::BlockTerms* terms) {
+                  void* stream, const kern::BlockTerms* terms, bool delta_count_cleared) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
@@ -184,7 +190,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
     // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
     // latency-bound): the block order, the last of them, holds its exit until Delta's count is
     // full, so the dK/dV kernel chained after it reads a finished Delta (indices/vsa_invert.cu).
-    memset_words(delta_done, 0, 1, stream, "Delta's count");
+    if (!delta_count_cleared) memset_words(delta_done, 0, 1, stream, "Delta's count");
     kern::AttentionParams counted = a;
     counted.delta_done = delta_done;
     ip.delta_done = delta_done;
