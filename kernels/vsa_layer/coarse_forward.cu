@@ -11,6 +11,7 @@
 //   3. out_c[i] = dtype(attn[i]·v_c).
 // kv blocks of size 0 take no part: weight 0, never selected; a row lists min(topk, the blocks of
 // nonzero size) blocks, then -1 (the CPU backend's lists, src/cpu/vsa_layer_forward.cpp).
+#include "shared/layer_coarse_plan.h"
 #include "vsa_layer/coarse_tiles.cuh"
 
 namespace fva::dev::layer {
@@ -162,6 +163,8 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
   __shared__ int hist[kWarps * 256];  // a histogram per warp
+  static_assert(sizeof(a) + sizeof(hist) == kern::layer_coarse_static_bytes(D),
+                "the host's plan of the coarse kernels' shared memory (shared/layer_coarse_plan.h)");
   // Dynamic: the stage [stage_rows][D + 8], then the tile's rows when p.rows_in_smem (TileRows).
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;

@@ -58,8 +58,8 @@ struct VsaLayerPlan {
   bool coarse_rows_in_smem = false;
   // The q side's stage (kern::LayerCoarseForwardParams::stage_rows) and its dynamic shared memory
   // (the stage, then the tile rows when they are in shared memory); the kv side's chunk of q blocks
-  // (kern::LayerCoarseBackwardParams::kv_chunk_rows) and its dynamic shared memory. Sized so that
-  // two blocks fit on an SM, with every kv block in one chunk where they fit.
+  // (kern::LayerCoarseBackwardParams::kv_chunk_rows) and its dynamic shared memory
+  // (kern::plan_layer_coarse_smem, shared/layer_coarse_plan.h).
   int coarse_stage_rows = 0, coarse_kv_chunk_rows = 0;
   size_t coarse_smem = 0, coarse_kv_smem = 0;
 };
