@@ -49,17 +49,14 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
   const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
   const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
-  const int first_chunk = round16(min(stage_rows, nkv));
   // The tile's dout_c rows and the first chunk of v_c, one copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
-  copy_rows_async<D>(v_c, nkv, 0, first_chunk, stage);
-  cp_async_commit();
+  issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
   rows_dot_matrix<T, D>(a, rows, v_c, nkv, stage, stage_rows, true,
                         [&](int r, int j, float s) { dmm.row(r)[j] = Elem<T>::bits(s); });
   // k_c's first chunk flies during the softmax's backward, a warp per row: rowsum(attn ⊙ dattn),
   // then dmm over dattn.
-  copy_rows_async<D>(k_c, nkv, 0, first_chunk, stage);
-  cp_async_commit();
+  issue_first_chunk<D>(k_c, nkv, stage, stage_rows);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = p.scale;
   if (warp < rows) {

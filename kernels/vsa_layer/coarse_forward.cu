@@ -182,17 +182,14 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   attn.zero_padding(rows);
   const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
   const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
-  const int first_chunk = round16(min(stage_rows, nkv));
   // The tile's q_c rows and the first chunk of k_c, one copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, 0, kRows, a);
-  copy_rows_async<D>(k_c, nkv, 0, first_chunk, stage);
-  cp_async_commit();
+  issue_first_chunk<D>(k_c, nkv, stage, stage_rows);
   const float scale = p.scale;
   rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows, true,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
   // v_c's first chunk flies while the warps select.
-  copy_rows_async<D>(v_c, nkv, 0, first_chunk, stage);
-  cp_async_commit();
+  issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
   const int warp = threadIdx.x >> 5;
   if (warp < rows) softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
   __syncthreads();

@@ -55,9 +55,17 @@ __device__ __forceinline__ void copy_rows_async(const uint16_t* m, int n, int fi
   }
 }
 
+// Issues and commits (with any copies the caller issued just before) the copy of the first chunk of
+// a product's [n x D] matrix m into the stage: what stage_chunk waits for when first_issued.
+template <int D>
+__device__ __forceinline__ void issue_first_chunk(const uint16_t* m, int n, uint16_t* stage, int stage_rows) {
+  copy_rows_async<D>(m, n, 0, round16(min(stage_rows, n)), stage);
+  cp_async_commit();
+}
+
 // The chunk of a product's matrix that starts at row j0: its rows, the copy of which (as
 // copy_rows_async, rounded up to whole k16 steps) the caller issued and committed already for the
-// first chunk when first_issued; waits for it and synchronizes the block.
+// first chunk when first_issued (issue_first_chunk); waits for it and synchronizes the block.
 template <int D>
 __device__ __forceinline__ int stage_chunk(const uint16_t* m, int n, int j0, uint16_t* stage,
                                            int stage_rows, bool first_issued) {
