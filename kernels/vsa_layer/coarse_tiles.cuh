@@ -6,8 +6,8 @@
 // only the fp32 order of each sum differs (SPEC 3b's tie rule, section 4's tolerances). Sixteen
 // warps because the row-wise passes between the products give each warp one row of the tile.
 //
-// These kernels are short and latency-bound: what costs is each wait for global memory, not the
-// arithmetic. So the other operand of a product comes into shared memory a whole chunk at a time,
+// These kernels are short, with a block or two per SM, so a wait for global memory stalls most of
+// an SM. So the other operand of a product comes into shared memory a whole chunk at a time,
 // as many rows as the plan's stage holds (kern::LayerCoarseForwardParams::stage_rows: all of them
 // where they fit, which at a few hundred blocks they do), by cp.async, and the copy of a product's
 // first chunk is issued before the work that precedes the product (the tile's rows, the selection,
