@@ -12,8 +12,10 @@
 # scratch files go to $SCRATCH (default a fresh temporary folder).
 #   FASTVIDEO=.fastvideo/fastvideo-kernel/python tools/device/layer_check.sh
 #   LAYER_STEPS (default "tests jit memcheck demo times bench fastvideo") picks steps after the
-#   build; "jit" runs the layer's suite, the NaN rule and the GPU suite (quick mode) through the
-#   PTX JIT (FVATTN_PTX_JIT=1: the compute_80 PTX, the portable kernels), and `fvattn info` so.
+#   build; "profile" (not a default) adds ncu's counters of the layer's own kernels at 32 frames
+#   (tools/device/profile.sh: time, pipes, DRAM, occupancy, stall reasons); "jit" runs the
+#   layer's suite, the NaN rule and the GPU suite (quick mode) through the PTX JIT
+#   (FVATTN_PTX_JIT=1: the compute_80 PTX, the portable kernels), and `fvattn info` so.
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-layer-check}
 mkdir -p "$OUT"
@@ -72,6 +74,11 @@ if want times; then
     BENCH_ARGS="--ops layer $wan" tools/device/kernel_times.sh
   grep -E "^S=wan" "$S/step.log" | sed 's/^S=wan *//' > "$S/times-wan.txt"
 fi
+if want profile; then  # not a default step: what bounds each of the layer's own kernels
+  step "profile h12" 150 env OUT="$S" BUILD_DIR="$B" KERNELS="fva_layer" COUNT=10 \
+    BENCH_EXTRA="--ops layer $h12" tools/device/profile.sh
+  cp "$S/step.log" "$S/profile-h12.txt"
+fi
 if want bench; then
   # shellcheck disable=SC2086
   step "bench layer h12" 120 "$B/tools/fvattn" bench --ops layer $h12 --no-sdpa --iters 10 \
@@ -91,7 +98,7 @@ if want fastvideo && [ -n "${FASTVIDEO:-}" ]; then
     --grid 21,30,52 --heads 40 --topk 78 --json "$OUT/fastvideo-wan14b.json"
   cp "$S/step.log" "$S/fastvideo-wan.txt"
 fi
-for f in demo.txt times-h12.txt times-wan.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
+for f in demo.txt times-h12.txt times-wan.txt profile-h12.txt bench-h12.txt bench-wan.txt fastvideo-h12.txt fastvideo-wan.txt; do
   [ -f "$S/$f" ] || continue
   echo "== $f"
   grep -v -E "^bench layer|running|^\s*$" "$S/$f" | tail -n 70
