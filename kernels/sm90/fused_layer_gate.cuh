@@ -14,6 +14,14 @@
 
 namespace fva::dev::sm90 {
 
+// The block's row of out_c ([B, Hq, nq, D], contiguous): its q block's coarse output.
+template <int D>
+__device__ __forceinline__ const uint16_t* layer_out_c_row(const kern::Sm90FusedLayerGate& G,
+                                                           const CompactBlock& at) {
+  const int64_t row = static_cast<int64_t>(at.bh) * G.nq + at.row0 / 64;
+  return static_cast<const uint16_t*>(G.out_c) + row * D;
+}
+
 // Before the epilogue stages o: asks the L2 for the block's out_c row and 64 gate rows, so that
 // their DRAM latency passes while the epilogue normalizes and stages o, and fused_layer_gate's
 // loads find them in the L2 (prefetches: no register, no wait).
@@ -22,9 +30,7 @@ __device__ __forceinline__ void prefetch_layer_gate(const kern::Sm90FusedLayerGa
                                                     const kern::AttentionParams& p, int tid) {
   constexpr int kLinesPerRow = D * 2 / 128;  // 128-byte lines of a row: 2 (D = 128), 1 (D = 64)
   const CompactBlock at(p, opaque(blockIdx.x), opaque(blockIdx.y));
-  if (tid < kLinesPerRow)
-    prefetch_l2(static_cast<const uint16_t*>(G.out_c) +
-                (static_cast<int64_t>(at.bh) * G.nq + at.row0 / 64) * D + tid * 64);
+  if (tid < kLinesPerRow) prefetch_l2(layer_out_c_row<D>(G, at) + tid * 64);
   if (G.gate.data == nullptr) return;
   for (int l = tid; l < 64 * kLinesPerRow; l += kern::kWarpgroupThreads) {
     const int r = l / kLinesPerRow, part = l % kLinesPerRow;
@@ -45,12 +51,9 @@ __device__ __forceinline__ void fused_layer_gate(const kern::Sm90FusedLayerGate&
   // The forward's last kernel writes the reserve's record (shared/vsa_layer_params.h).
   if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && G.record != nullptr)
     *G.record = G.record_value;
-  const int i = at.row0 / 64;  // the q block
   const int c = tid % kVecPerRow, r0 = tid / kVecPerRow;
   float oc[8];
-  unpack8<T>(reinterpret_cast<const uint4*>(G.out_c)[(static_cast<int64_t>(at.bh) * G.nq + i) *
-                                                         kVecPerRow + c],
-             oc);
+  unpack8<T>(reinterpret_cast<const uint4*>(layer_out_c_row<D>(G, at))[c], oc);
   const uint32_t region = staging + (c / 8) * Tiles::kRegionBytes;
   const bool gated = G.gate.data != nullptr;
 #pragma unroll 4

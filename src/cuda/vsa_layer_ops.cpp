@@ -154,12 +154,12 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     cp.nkv = nkv;
     cp.topk = static_cast<int32_t>(p.topk);
     cp.scale = f.scale;
-    cp.rows_in_smem = plan.coarse_rows_in_smem ? 1 : 0;
-    cp.stage_rows = plan.coarse_stage_rows;
+    cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
+    cp.stage_rows = plan.coarse.stage_rows;
     l.grid_x = plan.coarse_q_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hq);
     l.block = kern::kLayerCoarseThreads;
-    l.smem = plan.coarse_smem;
+    l.smem = static_cast<size_t>(plan.coarse.q_side_bytes);
     launch("layer", kernel_name("coarse_fwd", f).c_str(), h.device, l, stream, cp);
   }
 
@@ -264,17 +264,17 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     cp.nq = nq;
     cp.nkv = nkv;
     cp.scale = f.scale;
-    cp.rows_in_smem = plan.coarse_rows_in_smem ? 1 : 0;
-    cp.stage_rows = plan.coarse_stage_rows;
-    cp.kv_chunk_rows = plan.coarse_kv_chunk_rows;
+    cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
+    cp.stage_rows = plan.coarse.stage_rows;
+    cp.kv_chunk_rows = plan.coarse.kv_chunk_rows;
     l.grid_x = plan.coarse_q_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hq);
     l.block = kern::kLayerCoarseThreads;
-    l.smem = plan.coarse_smem;
+    l.smem = static_cast<size_t>(plan.coarse.q_side_bytes);
     launch("layer", kernel_name("coarse_bwd_q", f).c_str(), h.device, l, stream, cp);
     l.grid_x = plan.coarse_kv_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hkv);
-    l.smem = plan.coarse_kv_smem;
+    l.smem = static_cast<size_t>(plan.coarse.kv_side_bytes);
     launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
   }
 

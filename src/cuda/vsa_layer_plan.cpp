@@ -5,7 +5,6 @@
 
 #include "cuda_ops.h"
 #include "params.h"
-#include "shared/layer_coarse_plan.h"
 
 namespace fva::cuda {
 namespace {
@@ -66,13 +65,8 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   plan.gate_backward_blocks = blocks_for(plan.gate_units, per_block);
   plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);
   plan.coarse_kv_tiles = blocks_for(f.num_kv_blocks, kern::kLayerCoarseRows);
-  const kern::LayerCoarseSmemPlan smem =
+  plan.coarse =
       kern::plan_layer_coarse_smem(h.device.smem_per_sm, f.D, f.num_q_blocks, f.num_kv_blocks);
-  plan.coarse_rows_in_smem = smem.rows_in_smem;
-  plan.coarse_stage_rows = smem.stage_rows;
-  plan.coarse_smem = static_cast<size_t>(smem.q_side_bytes);
-  plan.coarse_kv_chunk_rows = smem.kv_chunk_rows;
-  plan.coarse_kv_smem = static_cast<size_t>(smem.kv_side_bytes);
   return plan;
 }
 

@@ -33,6 +33,7 @@
 #include "core/vsa_layer_record.h"
 #include "core/workspace.h"
 #include "handle.h"
+#include "shared/layer_coarse_plan.h"
 #include "shared/vsa_layer_params.h"
 
 namespace fva::cuda {
@@ -54,14 +55,9 @@ struct VsaLayerPlan {
   int64_t mean_units = 0, gate_units = 0;
   unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
   unsigned coarse_q_tiles = 0, coarse_kv_tiles = 0;
-  // The coarse kernels' tile rows in dynamic shared memory (nkv <= kLayerCoarseSmemMaxKv).
-  bool coarse_rows_in_smem = false;
-  // The q side's stage (kern::LayerCoarseForwardParams::stage_rows) and its dynamic shared memory
-  // (the stage, then the tile rows when they are in shared memory); the kv side's chunk of q blocks
-  // (kern::LayerCoarseBackwardParams::kv_chunk_rows) and its dynamic shared memory
-  // (kern::plan_layer_coarse_smem, shared/layer_coarse_plan.h).
-  int coarse_stage_rows = 0, coarse_kv_chunk_rows = 0;
-  size_t coarse_smem = 0, coarse_kv_smem = 0;
+  // The coarse kernels' shared memory: tile rows in it or not, the q side's stage and the kv side's
+  // chunk, and each side's dynamic bytes (shared/layer_coarse_plan.h).
+  kern::LayerCoarseSmemPlan coarse;
 };
 
 VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p);
