@@ -16,6 +16,8 @@
 // pair's dS tile. fva_vsa_invert_indices additionally runs
 //   4. emit: each segment's q blocks without duplicates into k2q_idx (padded with -1) and k2q_num.
 // The backward also orders its dK/dV blocks by their lists' lengths (fva_vsa_invert_order).
+// Short lists (kern::invert_in_one_block) take one kernel instead of steps 1-3 and the order,
+// fva_vsa_invert_unit: a block per (b, kv head) unit does all of them in shared memory.
 #include "primitives/kernel_chain.cuh"
 #include "shared/kernel_params.h"
 #include "schedules/vsa.cuh"
@@ -77,6 +79,20 @@ __device__ __forceinline__ void entries_kv(const InvertParams& p, const Chunk& c
   }
 }
 
+// Counts the chunk's usable entries per kv block of the window [k0, k0 + width) into `counts`
+// (shared memory, zeroed by the caller), kPerThread entries per thread in flight at a time.
+template <int kPerThread>
+__device__ __forceinline__ void count_entries(const InvertParams& p, const Chunk& c, int k0,
+                                              int width, int32_t* counts) {
+  for (int e0 = 0; e0 < c.num_entries; e0 += kPerThread * blockDim.x) {
+    int kv[kPerThread];
+    entries_kv(p, c, e0 + threadIdx.x, blockDim.x, kv);
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j)
+      if (kv[j] >= k0 && kv[j] < k0 + width) atomicAdd(&counts[kv[j] - k0], 1);
+  }
+}
+
 }  // namespace
 
 // Step 1, a block of kInvertThreads per (unit, chunk). Dynamic shared memory:
@@ -91,7 +107,6 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
   // (primitives/kernel_chain.cuh).
   fva::dev::allow_next_kernel();
   extern __shared__ int32_t counts[];
-  constexpr int kPerThread = 4;
   const Chunk c = chunk_of_block(p);
   const int nkv = p.lists.num_kv_blocks;
   int32_t* tally = p.tally + c.unit * nkv * p.num_chunks + c.chunk;  // column c.chunk, stride num_chunks
@@ -99,13 +114,7 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
     const int width = min(kInvertKvWindow, nkv - k0);
     for (int k = threadIdx.x; k < width; k += blockDim.x) counts[k] = 0;
     __syncthreads();
-    for (int e0 = 0; e0 < c.num_entries; e0 += kPerThread * blockDim.x) {
-      int kv[kPerThread];
-      entries_kv(p, c, e0 + threadIdx.x, blockDim.x, kv);
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j)
-        if (kv[j] >= k0 && kv[j] < k0 + width) atomicAdd(&counts[kv[j] - k0], 1);
-    }
+    count_entries<4>(p, c, k0, width, counts);
     __syncthreads();
     for (int k = threadIdx.x; k < width; k += blockDim.x)
       tally[static_cast<int64_t>(k0 + k) * p.num_chunks] = counts[k];
@@ -209,15 +218,72 @@ extern "C" __global__ void __launch_bounds__(kScanThreads) fva_vsa_invert_scan(c
   if (threadIdx.x == 0) off[nkv] = carry;
 }
 
+namespace {
+
+// One batch of the place step: the entries e = b0 + threadIdx.x + j * blockDim.x (j < kPerThread)
+// of the rows from row0, with kv[j] their kv blocks (-1: not used), those in the window [k0, k0 +
+// width) each written at its kv block's cursor plus the number of the batch's entries of that kv
+// block before it; then the cursors move past the batch. The entries drop, unordered, into their
+// kv blocks' buckets in shared memory (counted by shared atomics, the buckets laid out by a block
+// scan of the counts); an entry's place in its kv block's run is the number of entries in its
+// bucket that come before it in the batch (buckets hold a few entries: a batch spread over the kv
+// blocks). So the runs come out in (row, slot) order whatever order the atomics ran in. (A warp
+// walking the batch in order with __match_any_sync would serialize its steps.) Shared memory:
+// count, bucket_base and cursor (width each), bucket (kPerThread * blockDim.x), warp_sums (32).
+// Every thread of the block calls it.
+template <int kPerThread>
+__device__ __forceinline__ void place_batch(const InvertParams& p, int row0, int b0,
+                                            int (&kv)[kPerThread], int k0, int width,
+                                            int32_t* count, int32_t* bucket_base, int32_t* cursor,
+                                            int32_t* bucket, int32_t* warp_sums, int32_t* out) {
+  const int max_k = p.lists.max_k;
+  const int per_thread = (width + blockDim.x - 1) / blockDim.x;  // the counters a thread scans
+  const int k_lo = min(static_cast<int>(threadIdx.x) * per_thread, width);
+  const int k_hi = min(k_lo + per_thread, width);
+  for (int k = threadIdx.x; k < width; k += blockDim.x) count[k] = 0;
+  __syncthreads();
+  int in_bucket[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    kv[j] = kv[j] >= k0 && kv[j] < k0 + width ? kv[j] - k0 : -1;  // -1: not in this window
+    in_bucket[j] = kv[j] >= 0 ? atomicAdd(&count[kv[j]], 1) : 0;
+  }
+  __syncthreads();
+  int32_t mine = 0;
+  for (int k = k_lo; k < k_hi; ++k) mine += count[k];
+  int32_t base = block_exclusive_scan(mine, warp_sums);  // the buckets' bases
+  for (int k = k_lo; k < k_hi; ++k) {
+    bucket_base[k] = base;
+    base += count[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j)
+    if (kv[j] >= 0) bucket[bucket_base[kv[j]] + in_bucket[j]] = threadIdx.x + j * blockDim.x;
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (kv[j] < 0) continue;
+    const int i = threadIdx.x + j * blockDim.x;  // the entry's place in the batch
+    const int32_t* b = bucket + bucket_base[kv[j]];
+    const int n = count[kv[j]];
+    int rank = 0;
+    for (int x = 0; x < n; ++x) rank += b[x] < i;
+    const int e = b0 + i;
+    // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
+    out[cursor[kv[j]] + rank] = (row0 + e / max_k) << p.lists.slot_bits | e % max_k;
+  }
+  __syncthreads();  // every entry placed before the cursors move
+  for (int k = threadIdx.x; k < width; k += blockDim.x) cursor[k] += count[k];
+  __syncthreads();  // the cursors moved before the next batch
+}
+
+}  // namespace
+
 // Step 3, a block of kInvertThreads per (unit, chunk), over batches of kInvertPlaceBatch of the
-// chunk's entries: every thread takes kPerThread entries (their loads in flight together) and
-// drops each, unordered, into its kv block's bucket in shared memory (counted by shared atomics,
-// the buckets laid out by a block scan of the counts); an entry's place in its kv block's run is
-// then the number of entries in its bucket that come before it in the chunk (buckets hold a few
-// entries: 2048 spread over the kv blocks). So the runs come out in (row, slot) order whatever
-// order the atomics ran in. (A warp walking the batch in order with __match_any_sync would
-// serialize its steps.) Dynamic shared memory:
-// counts, bucket bases and cursors, min(num_kv_blocks, kInvertKvWindow) each, then the buckets.
+// chunk's entries (place_batch; every thread takes kPerThread entries, their loads in flight
+// together). Dynamic shared memory: counts, bucket bases and cursors, min(num_kv_blocks,
+// kInvertKvWindow) each, then the buckets.
 extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
     fva_vsa_invert_place(const InvertParams p) {
   fva::dev::enter_kernel_chain();  // primitives/kernel_chain.cuh
@@ -225,61 +291,22 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
   __shared__ int32_t warp_sums[32];
   constexpr int kPerThread = kInvertPlaceBatch / fva::kern::kInvertThreads;
   const Chunk c = chunk_of_block(p);
-  const int nkv = p.lists.num_kv_blocks, max_k = p.lists.max_k;
+  const int nkv = p.lists.num_kv_blocks;
   const int window = min(nkv, kInvertKvWindow);
   int32_t* count = place_smem;
   int32_t* bucket_base = count + window;
   int32_t* cursor = bucket_base + window;
   int32_t* bucket = cursor + window;
   const int32_t* start = p.tally + c.unit * nkv * p.num_chunks + c.chunk;
-  int32_t* out = p.entries + c.unit * p.lists.num_q_blocks * max_k;
-  // The counters this thread scans: [k_lo, k_hi) of the window.
-  const int per_thread = (window + blockDim.x - 1) / blockDim.x;
+  int32_t* out = p.entries + c.unit * p.lists.num_q_blocks * p.lists.max_k;
   for (int k0 = 0; k0 < nkv; k0 += kInvertKvWindow) {
     const int width = min(kInvertKvWindow, nkv - k0);
-    const int k_lo = min(static_cast<int>(threadIdx.x) * per_thread, width);
-    const int k_hi = min(k_lo + per_thread, width);
     for (int k = threadIdx.x; k < width; k += blockDim.x)
       cursor[k] = start[static_cast<int64_t>(k0 + k) * p.num_chunks];
     for (int b0 = 0; b0 < c.num_entries; b0 += kInvertPlaceBatch) {
       int kv[kPerThread];
       entries_kv(p, c, b0 + threadIdx.x, blockDim.x, kv);
-      for (int k = threadIdx.x; k < width; k += blockDim.x) count[k] = 0;
-      __syncthreads();
-      int in_bucket[kPerThread];
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        kv[j] = kv[j] >= k0 && kv[j] < k0 + width ? kv[j] - k0 : -1;  // -1: not in this window
-        in_bucket[j] = kv[j] >= 0 ? atomicAdd(&count[kv[j]], 1) : 0;
-      }
-      __syncthreads();
-      int32_t mine = 0;
-      for (int k = k_lo; k < k_hi; ++k) mine += count[k];
-      int32_t base = block_exclusive_scan(mine, warp_sums);  // the buckets' bases
-      for (int k = k_lo; k < k_hi; ++k) {
-        bucket_base[k] = base;
-        base += count[k];
-      }
-      __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j)
-        if (kv[j] >= 0) bucket[bucket_base[kv[j]] + in_bucket[j]] = threadIdx.x + j * blockDim.x;
-      __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        if (kv[j] < 0) continue;
-        const int i = threadIdx.x + j * blockDim.x;  // the entry's place in the batch
-        const int32_t* b = bucket + bucket_base[kv[j]];
-        const int n = count[kv[j]];
-        int rank = 0;
-        for (int x = 0; x < n; ++x) rank += b[x] < i;
-        const int e = b0 + i;
-        // Below 2^31: qb << slot_bits < 2 num_q_blocks max_k <= 2^31 (require_index_size).
-        out[cursor[kv[j]] + rank] = (c.row0 + e / max_k) << p.lists.slot_bits | e % max_k;
-      }
-      __syncthreads();  // every entry placed before the cursors move
-      for (int k = threadIdx.x; k < width; k += blockDim.x) cursor[k] += count[k];
-      __syncthreads();  // the cursors moved before the next batch
+      place_batch(p, c.row0, b0, kv, k0, width, count, bucket_base, cursor, bucket, warp_sums, out);
     }
   }
 }
@@ -300,6 +327,18 @@ __device__ void wait_for_delta(const int32_t* count, int32_t target) {
     __nanosleep(256);
   }
   __threadfence();
+}
+
+// The rank of kv block `kv` among a unit's nkv blocks by descending work, ties by index.
+__device__ __forceinline__ int rank_by_work(const int32_t* work, int nkv, int kv) {
+  const int32_t w = work[kv];
+  int rank = 0;
+#pragma unroll 8
+  for (int j = 0; j < nkv; ++j) {
+    const int32_t x = work[j];
+    rank += (x > w) || (x == w && j < kv);
+  }
+  return rank;
 }
 
 }  // namespace
@@ -333,17 +372,101 @@ extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
   }
   __syncthreads();
   const int kv = static_cast<int>(blockIdx.x % slices) * blockDim.x + threadIdx.x;
-  if (kv < nkv) {
-    const int32_t w = work[kv];
-    int rank = 0;
-#pragma unroll 8
-    for (int j = 0; j < nkv; ++j) {
-      const int32_t x = work[j];
-      rank += (x > w) || (x == w && j < kv);
-    }
-    p.kv_order[kv_unit * nkv + rank] = kv;
-  }
+  if (kv < nkv) p.kv_order[kv_unit * nkv + rank_by_work(work, nkv, kv)] = kv;
   if (p.delta_done != nullptr && threadIdx.x == 0) wait_for_delta(p.delta_done, p.delta_blocks);
+}
+
+// Steps 1-3 and the order in one block of kInvertUnitThreads per (b, kv head) unit, for short
+// lists (kern::invert_in_one_block; the host's grid: B * H / group units, group = 1 without
+// kv_order). For each of the unit's q heads in turn: every entry's kv block is loaded once, kept
+// in shared memory (16 bits) and counted; a block scan of the counts gives the segments' offsets
+// and the cursors; the entries are placed from shared memory, place_batch by place_batch. The
+// counts summed over the q heads then rank the unit's kv blocks (fva_vsa_invert_order's order).
+// Like the tally it does not wait at entry: it reads the call's inputs alone and writes what no
+// earlier kernel of the call touches. With Delta's count (the backward) thread 0 holds the
+// block's exit until Delta is done, as fva_vsa_invert_order's do; otherwise the block waits for
+// the kernel before it before it exits, which keeps the chain's order for the kernels after it.
+// Dynamic shared memory: kern::invert_unit_smem_bytes.
+extern "C" __global__ void __launch_bounds__(fva::kern::kInvertUnitThreads)
+    fva_vsa_invert_unit(const InvertParams p) {
+  fva::dev::allow_next_kernel();
+  extern __shared__ int32_t unit_smem[];
+  __shared__ int32_t warp_sums[32];
+  __shared__ int32_t unit_total;
+  constexpr int kLoadsPerThread = 8;  // in flight at a time: one round for the most entries
+  // Batches of kInvertPlaceBatch: an entry's rank scans its bucket, which grows with the batch.
+  constexpr int kBatch = kInvertPlaceBatch;
+  constexpr int kPlacePerThread = kBatch / fva::kern::kInvertUnitThreads;
+  static_assert(kPlacePerThread * fva::kern::kInvertUnitThreads == kBatch);
+  const int nkv = p.lists.num_kv_blocks, nqb = p.lists.num_q_blocks, max_k = p.lists.max_k;
+  if (nkv > kInvertKvWindow) __trap();  // the host's limit (kern::invert_in_one_block), checked
+  int32_t* count = unit_smem;
+  int32_t* bucket_base = count + nkv;
+  int32_t* cursor = bucket_base + nkv;
+  int32_t* work = cursor + nkv;
+  int32_t* bucket = work + nkv;
+  int16_t* kvs = reinterpret_cast<int16_t*>(bucket + kBatch);  // one q head's entries
+  const int group = p.kv_order != nullptr ? p.group : 1;
+  const int per_thread = (nkv + blockDim.x - 1) / blockDim.x;  // the counters a thread scans
+  const int k_lo = min(static_cast<int>(threadIdx.x) * per_thread, nkv);
+  const int k_hi = min(k_lo + per_thread, nkv);
+  for (int k = k_lo; k < k_hi; ++k) work[k] = 0;
+  for (int g = 0; g < group; ++g) {
+    Chunk c;  // the q head's lists, whole
+    c.unit = static_cast<int64_t>(blockIdx.x) * group + g;
+    c.chunk = 0;
+    c.row0 = 0;
+    c.row_end = nqb;
+    c.num_entries = nqb * max_k;
+    // 1. Every entry's kv block, kept and counted.
+    for (int k = k_lo; k < k_hi; ++k) count[k] = 0;
+    __syncthreads();
+    for (int e0 = 0; e0 < c.num_entries; e0 += kLoadsPerThread * blockDim.x) {
+      int kv[kLoadsPerThread];
+      entries_kv(p, c, e0 + threadIdx.x, blockDim.x, kv);
+#pragma unroll
+      for (int j = 0; j < kLoadsPerThread; ++j) {
+        const int e = e0 + threadIdx.x + j * blockDim.x;
+        if (e >= c.num_entries) continue;
+        kvs[e] = static_cast<int16_t>(kv[j]);
+        if (kv[j] >= 0) atomicAdd(&count[kv[j]], 1);
+      }
+    }
+    __syncthreads();
+    // 2. The segments' offsets: an exclusive scan of the counts, where the cursors start.
+    int32_t mine = 0;
+    for (int k = k_lo; k < k_hi; ++k) mine += count[k];
+    int32_t base = block_exclusive_scan(mine, warp_sums, &unit_total);
+    int32_t* off = p.offsets + c.unit * (nkv + 1);
+    for (int k = k_lo; k < k_hi; ++k) {
+      off[k] = base;
+      cursor[k] = base;
+      work[k] += count[k];
+      base += count[k];
+    }
+    if (threadIdx.x == 0) off[nkv] = unit_total;
+    __syncthreads();  // the cursors set, the counts free for the batches
+    // 3. The entries placed in (row, slot) order.
+    int32_t* out = p.entries + c.unit * nqb * max_k;
+    for (int b0 = 0; b0 < c.num_entries; b0 += kBatch) {
+      int kv[kPlacePerThread];
+#pragma unroll
+      for (int j = 0; j < kPlacePerThread; ++j) {
+        const int e = b0 + threadIdx.x + j * blockDim.x;
+        kv[j] = e < c.num_entries ? kvs[e] : -1;
+      }
+      place_batch(p, 0, b0, kv, 0, nkv, count, bucket_base, cursor, bucket, warp_sums, out);
+    }
+  }
+  // 4. The unit's dK/dV block order (place_batch ends on a barrier: every count is in `work`).
+  if (p.kv_order != nullptr)
+    for (int kv = threadIdx.x; kv < nkv; kv += blockDim.x)
+      p.kv_order[static_cast<int64_t>(blockIdx.x) * nkv + rank_by_work(work, nkv, kv)] = kv;
+  if (p.delta_done != nullptr) {
+    if (threadIdx.x == 0) wait_for_delta(p.delta_done, p.delta_blocks);
+  } else {
+    fva::dev::wait_for_prior_kernels();
+  }
 }
 
 extern "C" __global__ void fva_vsa_invert_emit(const InvertParams p) {

@@ -222,6 +222,28 @@ constexpr int kInvertKvWindow = 2048;
 constexpr int kInvertThreads = 256;
 constexpr int kInvertPlaceBatch = 2048;
 
+// Short lists take one kernel instead (fva_vsa_invert_unit): a block of kInvertUnitThreads per
+// (b, kv head) unit inverts the lists of the unit's `group` q heads one after another, their kv
+// blocks' counters and one q head's entries in shared memory, and orders the unit's dK/dV blocks.
+// Where a unit holds a few thousand entries (S <= 8192 at 25% density, the VSA layer at 32
+// frames) the chunked kernels' four launches cost more than the work, and one block does it all
+// (on an H100: 11 us against 24 at S = 4096). Its cost grows with the entries (57 us against the
+// chunked kernels' 31 at 16384 entries: one block's place batches run one after another), so a
+// unit of more than kInvertUnitMaxEntries (over its q heads), or of more than kInvertKvWindow kv
+// blocks, takes the chunked kernels, which spread it over many blocks.
+constexpr int kInvertUnitThreads = 1024;
+constexpr int64_t kInvertUnitMaxEntries = 8192;
+inline bool invert_in_one_block(int64_t group, int64_t num_q_blocks, int64_t num_kv_blocks,
+                                int64_t max_k) {
+  return num_kv_blocks <= kInvertKvWindow && group * num_q_blocks * max_k <= kInvertUnitMaxEntries;
+}
+// Its dynamic shared memory: four arrays of num_kv_blocks counters (counts, bucket bases, cursors,
+// the unit's pair counts), the place buckets (kInvertPlaceBatch), and one q head's entries as
+// 16-bit kv blocks: at most 56 KiB.
+inline int64_t invert_unit_smem_bytes(int64_t num_kv_blocks, int64_t num_q_blocks, int64_t max_k) {
+  return 4 * 4 * num_kv_blocks + 4 * kInvertPlaceBatch + (2 * num_q_blocks * max_k + 3) / 4 * 4;
+}
+
 struct InvertChunking {
   int32_t rows_per_chunk, num_chunks;
 };

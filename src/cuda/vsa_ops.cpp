@@ -68,7 +68,9 @@ InverseBuffers inverse_buffers(const VsaInverseRegions& r, void* ws) {
           workspace_pointer<int32_t>(ws, r.offsets), workspace_pointer<int32_t>(ws, r.entries)};
 }
 
-// Launches steps 1-3 of kernels/indices/vsa_invert.cu (and 4 when ip.k2q_idx is set).
+// Launches the k2q inverse (kernels/indices/vsa_invert.cu): fva_vsa_invert_unit where the lists
+// are short (kern::invert_in_one_block), else its steps 1-3 and, when ip.kv_order is set, the
+// dK/dV block order; then step 4 when ip.k2q_idx is set.
 void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuffers& b,
                    void* stream) {
   ip.rows_per_chunk = b.chunking.rows_per_chunk;
@@ -77,23 +79,38 @@ void build_inverse(const fva_handle& h, kern::InvertParams& ip, const InverseBuf
   ip.offsets = b.offsets;
   ip.entries = b.entries;
   const int64_t units = static_cast<int64_t>(ip.B) * ip.H;
-  const size_t window_bytes =
-      sizeof(int32_t) * static_cast<size_t>(std::min(ip.lists.num_kv_blocks, kern::kInvertKvWindow));
+  const int64_t group = ip.kv_order != nullptr ? ip.group : 1;
+  const int64_t nkv = ip.lists.num_kv_blocks, nqb = ip.lists.num_q_blocks, max_k = ip.lists.max_k;
   Launch l;
-  l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
-  l.block = kern::kInvertThreads;
-  l.smem = window_bytes;  // the counters
-  launch("vsa", "fva_vsa_invert_tally", h.device, l, stream, ip);
-  l.grid_x = static_cast<unsigned>(units);  // a block per unit
-  l.block = 1024;
-  l.smem = 0;
-  launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
-  l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
-  l.block = kern::kInvertThreads;
-  l.smem = 3 * window_bytes + sizeof(int32_t) * kern::kInvertPlaceBatch;  // counts, bases, cursors, buckets
-  launch("vsa", "fva_vsa_invert_place", h.device, l, stream, ip);
+  if (kern::invert_in_one_block(group, nqb, nkv, max_k)) {
+    l.grid_x = static_cast<unsigned>(units / group);  // a block per (b, kv head)
+    l.block = kern::kInvertUnitThreads;
+    l.smem = static_cast<size_t>(kern::invert_unit_smem_bytes(nkv, nqb, max_k));
+    launch("vsa", "fva_vsa_invert_unit", h.device, l, stream, ip);
+  } else {
+    const size_t window_bytes =
+        sizeof(int32_t) * static_cast<size_t>(std::min<int64_t>(nkv, kern::kInvertKvWindow));
+    l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
+    l.block = kern::kInvertThreads;
+    l.smem = window_bytes;  // the counters
+    launch("vsa", "fva_vsa_invert_tally", h.device, l, stream, ip);
+    l.grid_x = static_cast<unsigned>(units);  // a block per unit
+    l.block = 1024;
+    l.smem = 0;
+    launch("vsa", "fva_vsa_invert_scan", h.device, l, stream, ip);
+    l.grid_x = static_cast<unsigned>(units * ip.num_chunks);  // a block per (unit, chunk)
+    l.block = kern::kInvertThreads;
+    l.smem = 3 * window_bytes + sizeof(int32_t) * kern::kInvertPlaceBatch;  // counts, bases, cursors, buckets
+    launch("vsa", "fva_vsa_invert_place", h.device, l, stream, ip);
+    if (ip.kv_order != nullptr) {
+      l.block = 128;  // a thread per kv block, each ranked against all of its unit's
+      l.grid_x = static_cast<unsigned>(units / group) * blocks_for(nkv, l.block);
+      l.smem = 0;
+      launch("vsa", "fva_vsa_invert_order", h.device, l, stream, ip);
+    }
+  }
   if (ip.k2q_idx != nullptr) {
-    l.grid_x = blocks_for(units * ip.lists.num_kv_blocks, 256);
+    l.grid_x = blocks_for(units * nkv, 256);
     l.block = 256;
     l.smem = 0;
     launch("vsa", "fva_vsa_invert_emit", h.device, l, stream, ip);
@@ -188,8 +205,9 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   ip.skip_empty_blocks = 1;  // blocks without a real token contribute nothing
   if (plan.orders_kv_blocks) {
     // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
-    // latency-bound): the block order, the last of them, holds its exit until Delta's count is
-    // full, so the dK/dV kernel chained after it reads a finished Delta (indices/vsa_invert.cu).
+    // latency-bound): the inverse's last kernel (the block order, or fva_vsa_invert_unit, which
+    // orders too) holds its exit until Delta's count is full, so the dK/dV kernel chained after
+    // it reads a finished Delta (indices/vsa_invert.cu).
     if (!delta_count_cleared) memset_words(delta_done, 0, 1, stream, "Delta's count");
     kern::AttentionParams counted = a;
     counted.delta_done = delta_done;
@@ -197,24 +215,19 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
     ip.delta_blocks = static_cast<int32_t>(launch_delta(
         h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
   }
-  const InverseBuffers inverse = inverse_buffers(plan.inverse, ws);
-  build_inverse(h, ip, inverse, stream);
-  a.vsa.inv_offsets = inverse.offsets;
-  a.vsa.inv_entries = inverse.entries;
-  a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
   if (plan.orders_kv_blocks) {
     // dK/dV's blocks longest list first (fva_vsa_invert_order): the grid's tail is then its
     // shortest blocks.
     ip.kv_order = kv_order;
     ip.group = static_cast<int32_t>(p.Hq / p.Hkv);
-    Launch l;
-    l.block = 128;  // a thread per kv block, each ranked against all of its unit's
-    l.grid_x = static_cast<unsigned>(p.B * p.Hkv) * blocks_for(p.num_kv_blocks, l.block);
-    launch("vsa", "fva_vsa_invert_order", h.device, l, stream, ip);
     a.vsa.kv_order = kv_order;
-  } else {
-    launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
   }
+  const InverseBuffers inverse = inverse_buffers(plan.inverse, ws);
+  build_inverse(h, ip, inverse, stream);
+  a.vsa.inv_offsets = inverse.offsets;
+  a.vsa.inv_entries = inverse.entries;
+  a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
+  if (!plan.orders_kv_blocks) launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
 
   kern::Sm90BackwardParams native;
   if (plan.family == KernelFamily::kSm90 && sm90_encode_backward(a, p.D, &native)) {

@@ -276,8 +276,10 @@ struct VsaInputs {
   HostTensor q, k, v, dout, idx, num, sizes;
 };
 
+void random_lists(const VsaCase& c, std::vector<int32_t>& idx, std::vector<int32_t>& num);
+
 // Metadata with every irregularity the kernels must survive: ragged and empty blocks, block sizes
-// outside [0, 64], counts outside [0, max_k], entries outside [0, nkv), duplicates.
+// outside [0, 64], and random_lists' lists.
 VsaInputs make_vsa_inputs(const VsaCase& c) {
   const int64_t Sq = 64 * c.nqb, Skv = 64 * c.nkv;
   VsaInputs t{HostTensor(c.dtype, {c.B, c.Hq, Sq, c.D}, c.layout),
@@ -303,8 +305,22 @@ VsaInputs make_vsa_inputs(const VsaCase& c) {
     const int64_t r = uniform(0, 9);
     s = static_cast<int32_t>(r < 5 ? 64 : r == 5 ? 0 : r == 6 ? 70 : r == 7 ? -3 : uniform(1, 63));
   }
-  std::vector<int32_t> idx(static_cast<size_t>(t.idx.numel())), num(static_cast<size_t>(t.num.numel()));
-  for (int64_t row = 0; row < t.num.numel(); ++row) {
+  std::vector<int32_t> idx, num;
+  random_lists(c, idx, num);
+  if (c.metadata) c.metadata(idx, num, sizes);
+  t.sizes.fill_i32(sizes);
+  t.idx.fill_i32(idx);
+  t.num.fill_i32(num);
+  return t;
+}
+
+// Lists with every irregularity the kernels must survive (idx [B, Hq, nqb, max_k], num [B, Hq,
+// nqb], flat): counts outside [0, max_k], entries outside [0, nkv), duplicates.
+void random_lists(const VsaCase& c, std::vector<int32_t>& idx, std::vector<int32_t>& num) {
+  const int64_t rows = c.B * c.Hq * c.nqb;
+  idx.assign(static_cast<size_t>(rows * c.max_k), 0);
+  num.assign(static_cast<size_t>(rows), 0);
+  for (int64_t row = 0; row < rows; ++row) {
     const int64_t r = uniform(0, 9);
     num[row] = static_cast<int32_t>(r == 0 ? 0 : r == 1 ? -2 : r == 2 ? c.max_k + 3 : uniform(1, c.max_k));
     // Mostly distinct ascending blocks (FastVideo's lists), sometimes junk.
@@ -323,11 +339,6 @@ VsaInputs make_vsa_inputs(const VsaCase& c) {
       idx[row * c.max_k + s] = e;
     }
   }
-  if (c.metadata) c.metadata(idx, num, sizes);
-  t.sizes.fill_i32(sizes);
-  t.idx.fill_i32(idx);
-  t.num.fill_i32(num);
-  return t;
 }
 
 std::string describe(const VsaCase& c) {
@@ -336,6 +347,31 @@ std::string describe(const VsaCase& c) {
          " max_k" + std::to_string(c.max_k) + " D" + std::to_string(c.D) + " " + dtype_name(c.dtype) +
          (c.layout == Layout::BSHD ? " BSHD" : " BHSD") +
          (c.key_gain > 1.0 ? " key gains up to " + std::to_string(c.key_gain) : "");
+}
+
+// fva_vsa_invert_indices on the GPU against the CPU backend, exactly.
+void check_inverse(const VsaCase& c, const HostTensor& q2k_idx, const HostTensor& q2k_num) {
+  CudaHandle gpu;
+  HostTensor k2q_r(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv, c.nqb}), k2q_g(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv, c.nqb});
+  HostTensor kn_r(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv}), kn_g(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv});
+  {
+    CpuHandle h;
+    size_t bytes = 0;
+    REQUIRE_OK(fva_vsa_invert_indices_workspace_size(h.h, q2k_idx.t(), k2q_r.t(), &bytes));
+    AlignedBuffer ws = workspace(bytes);
+    REQUIRE_OK(fva_vsa_invert_indices(h.h, q2k_idx.t(), q2k_num.t(), k2q_r.t(), kn_r.t(), ws.data(), bytes, nullptr));
+  }
+  {
+    DeviceTensor idx(q2k_idx), num(q2k_num), k2q(k2q_g), kn(kn_g);
+    size_t bytes = 0;
+    REQUIRE_OK(fva_vsa_invert_indices_workspace_size(gpu.h, idx.t(), k2q.t(), &bytes));
+    DeviceBuffer ws = device_workspace(bytes);
+    REQUIRE_OK(fva_vsa_invert_indices(gpu.h, idx.t(), num.t(), k2q.t(), kn.t(), ws.data(), bytes, nullptr));
+    k2q.download(k2q_g);
+    kn.download(kn_g);
+  }
+  CHECK_MESSAGE(k2q_g.values_i32() == k2q_r.values_i32(), "k2q_idx differs from the CPU backend");
+  CHECK_MESSAGE(kn_g.values_i32() == kn_r.values_i32(), "k2q_num differs from the CPU backend");
 }
 
 void check_vsa_case(const VsaCase& c) {
@@ -435,27 +471,7 @@ void check_vsa_case(const VsaCase& c) {
     nonzero += rv[i] == 0.0 && rk[i] == 0.0 && (gk[i] != 0.0 || gv[i] != 0.0);
   CHECK_MESSAGE(nonzero == 0, nonzero << " dK/dV elements are nonzero where the reference is exactly 0");
 
-  // The inversion, exactly.
-  HostTensor k2q_r(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv, c.nqb}), k2q_g(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv, c.nqb});
-  HostTensor kn_r(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv}), kn_g(FVA_DTYPE_I32, {c.B, c.Hq, c.nkv});
-  {
-    CpuHandle h;
-    size_t bytes = 0;
-    REQUIRE_OK(fva_vsa_invert_indices_workspace_size(h.h, in.idx.t(), k2q_r.t(), &bytes));
-    AlignedBuffer ws = workspace(bytes);
-    REQUIRE_OK(fva_vsa_invert_indices(h.h, in.idx.t(), in.num.t(), k2q_r.t(), kn_r.t(), ws.data(), bytes, nullptr));
-  }
-  {
-    DeviceTensor idx(in.idx), num(in.num), k2q(k2q_g), kn(kn_g);
-    size_t bytes = 0;
-    REQUIRE_OK(fva_vsa_invert_indices_workspace_size(gpu.h, idx.t(), k2q.t(), &bytes));
-    DeviceBuffer ws = device_workspace(bytes);
-    REQUIRE_OK(fva_vsa_invert_indices(gpu.h, idx.t(), num.t(), k2q.t(), kn.t(), ws.data(), bytes, nullptr));
-    k2q.download(k2q_g);
-    kn.download(kn_g);
-  }
-  CHECK_MESSAGE(k2q_g.values_i32() == k2q_r.values_i32(), "k2q_idx differs from the CPU backend");
-  CHECK_MESSAGE(kn_g.values_i32() == kn_r.values_i32(), "k2q_num differs from the CPU backend");
+  check_inverse(c, in.idx, in.num);
 }
 
 VsaCase random_vsa_case() {
@@ -542,26 +558,58 @@ TEST_CASE("GPU VSA matches the CPU backend at longer lists") {
   }
 }
 
-// The k2q inverse (kernels/indices/vsa_invert.cu) cuts a unit's lists into chunks of consecutive q
-// blocks (kern::invert_chunking), counted and placed chunk by chunk: lists long enough for two or
-// three chunks, the last one partial, of a length that is no multiple of 32 (the tally's and
-// place's per-thread strides then straddle rows), with every irregularity of make_vsa_inputs
-// (duplicates among them).
+// The k2q inverse (kernels/indices/vsa_invert.cu) inverts short lists in one block per unit
+// (fva_vsa_invert_unit), and otherwise cuts a unit's lists into chunks of consecutive q blocks
+// (kern::invert_chunking), counted and placed chunk by chunk. More kv blocks than one block's
+// window (kern::kInvertKvWindow) take the chunked kernels, in two windows: lists long enough for
+// two or three chunks, the last one partial, of a length that is no multiple of 32 (the tally's
+// and place's per-thread strides then straddle rows), with every irregularity of make_vsa_inputs
+// (duplicates among them), through the whole backward.
 TEST_CASE("GPU VSA matches the CPU backend when the k2q inverse cuts the lists into several chunks") {
   for (int rep = 0; rep < (quick() ? 1 : 2); ++rep) {
     SUBCASE(("random #" + std::to_string(rep)).c_str()) {
       VsaCase c = random_vsa_case();
       c.Hkv = 1;
       c.Hq = uniform(1, 2);
-      c.nkv = uniform(56, 72);
+      c.nkv = fva::kern::kInvertKvWindow + uniform(1, 60);
       c.max_k = uniform(50, 55);
       const int64_t rows = fva::kern::invert_chunking(1 << 20, c.nkv, c.max_k).rows_per_chunk;
       c.nqb = rows + uniform(1, rows + 5);  // two chunks, or three with a short last one
       c.D = 64;
       const fva::kern::InvertChunking chunking = fva::kern::invert_chunking(c.nqb, c.nkv, c.max_k);
       REQUIRE(chunking.num_chunks >= 2);
+      REQUIRE_FALSE(fva::kern::invert_in_one_block(c.Hq / c.Hkv, c.nqb, c.nkv, c.max_k));
       check_vsa_case(c);
     }
+  }
+}
+
+// fva_vsa_invert_indices on both sides of the one-block inverse's limits
+// (kern::invert_in_one_block): the most entries and kv blocks one block holds (its largest shared
+// memory), one entry more, one kv block more, and a unit of two place batches.
+TEST_CASE("GPU k2q inverse equals the CPU backend's on both sides of the one-block limits") {
+  struct Shape {
+    int64_t nqb, nkv, max_k;
+    bool one_block;
+  };
+  const int64_t most = fva::kern::kInvertUnitMaxEntries, window = fva::kern::kInvertKvWindow;
+  for (const Shape& s : {Shape{most / window, window, window, true},
+                         Shape{most / window, window, window + 1, false},
+                         Shape{4, window + 1, 100, false}, Shape{most / 55, 100, 55, true},
+                         Shape{most / 55 + 1, 100, 55, false}}) {
+    VsaCase c = random_vsa_case();
+    c.Hq = c.Hkv = uniform(1, 3);
+    c.nqb = s.nqb;
+    c.nkv = s.nkv;
+    c.max_k = s.max_k;
+    INFO(describe(c));
+    REQUIRE(fva::kern::invert_in_one_block(1, c.nqb, c.nkv, c.max_k) == s.one_block);
+    std::vector<int32_t> idx, num;
+    random_lists(c, idx, num);
+    HostTensor q2k_idx(FVA_DTYPE_I32, {c.B, c.Hq, c.nqb, c.max_k}), q2k_num(FVA_DTYPE_I32, {c.B, c.Hq, c.nqb});
+    q2k_idx.fill_i32(idx);
+    q2k_num.fill_i32(num);
+    check_inverse(c, q2k_idx, q2k_num);
   }
 }
 
