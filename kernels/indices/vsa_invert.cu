@@ -458,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertUnitThreads)
       place_batch(p, 0, b0, kv, 0, nkv, count, bucket_base, cursor, bucket, warp_sums, out);
     }
   }
-  // 4. The unit's dK/dV block order (place_batch ends on a barrier: every count is in `work`).
+  // 4. The unit's dK/dV block order (every count is in `work`: step 2 ends on a barrier).
   if (p.kv_order != nullptr)
     for (int kv = threadIdx.x; kv < nkv; kv += blockDim.x)
       p.kv_order[static_cast<int64_t>(blockIdx.x) * nkv + rank_by_work(work, nkv, kv)] = kv;

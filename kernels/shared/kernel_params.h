@@ -226,11 +226,12 @@ constexpr int kInvertPlaceBatch = 2048;
 // (b, kv head) unit inverts the lists of the unit's `group` q heads one after another, their kv
 // blocks' counters and one q head's entries in shared memory, and orders the unit's dK/dV blocks.
 // Where a unit holds a few thousand entries (S <= 8192 at 25% density, the VSA layer at 32
-// frames) the chunked kernels' four launches cost more than the work, and one block does it all
-// (on an H100: 11 us against 24 at S = 4096). Its cost grows with the entries (57 us against the
-// chunked kernels' 31 at 16384 entries: one block's place batches run one after another), so a
-// unit of more than kInvertUnitMaxEntries (over its q heads), or of more than kInvertKvWindow kv
-// blocks, takes the chunked kernels, which spread it over many blocks.
+// frames) the chunked kernels' four launches cost more than the work, and one block does it all.
+// Its cost grows with the entries (one block's place batches run one after another), so a unit of
+// more than kInvertUnitMaxEntries (over its q heads), or of more than kInvertKvWindow kv blocks,
+// takes the chunked kernels, which spread it over many blocks (measured on an H100 with
+// tools/device/inverse_times.sh: the one block is the faster below this limit, nearly twice as
+// slow at twice it).
 constexpr int kInvertUnitThreads = 1024;
 constexpr int64_t kInvertUnitMaxEntries = 8192;
 inline bool invert_in_one_block(int64_t group, int64_t num_q_blocks, int64_t num_kv_blocks,
