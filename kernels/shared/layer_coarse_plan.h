@@ -42,6 +42,12 @@ struct LayerCoarseSmemPlan {
   int64_t kv_side_bytes = 0;    // the kv side's dynamic shared memory
 };
 
+// What fits of `all`, rounded down to whole steps already, but at least `floor`.
+constexpr int64_t layer_coarse_chunk(int64_t fit, int64_t all, int64_t floor) {
+  const int64_t chunk = fit < all ? fit : all;
+  return chunk > floor ? chunk : floor;
+}
+
 // smem_per_sm: the device's shared memory per SM in bytes (0: unknown).
 inline LayerCoarseSmemPlan plan_layer_coarse_smem(int64_t smem_per_sm, int64_t D, int64_t nq, int64_t nkv) {
   const int64_t per_sm = smem_per_sm > 0 ? smem_per_sm : kLayerCoarseUnknownSmemPerSm;
@@ -53,13 +59,13 @@ inline LayerCoarseSmemPlan plan_layer_coarse_smem(int64_t smem_per_sm, int64_t D
   const int64_t taken = layer_coarse_static_bytes(D) + tile_rows;
   const int64_t fit = per_block > taken ? (per_block - taken) / row_bytes / 128 * 128 : 0;
   const int64_t all = (nkv + 127) / 128 * 128;
-  const int64_t stage = fit < all ? (fit > 128 ? fit : 128) : (all > 128 ? all : 128);
+  const int64_t stage = layer_coarse_chunk(fit, all, 128);
   plan.stage_rows = static_cast<int32_t>(stage);
   plan.q_side_bytes = stage * row_bytes + tile_rows;
   const int64_t q_row_bytes = 2 * row_bytes + 2 * 2 * kLayerCoarseRows;
   const int64_t chunk_fit = per_block / q_row_bytes / 16 * 16;
   const int64_t chunk_all = (nq + 15) / 16 * 16;
-  const int64_t chunk = chunk_fit < chunk_all ? (chunk_fit > 16 ? chunk_fit : 16) : (chunk_all > 16 ? chunk_all : 16);
+  const int64_t chunk = layer_coarse_chunk(chunk_fit, chunk_all, 16);
   plan.kv_chunk_rows = static_cast<int32_t>(chunk);
   plan.kv_side_bytes = chunk * q_row_bytes;
   return plan;

@@ -52,7 +52,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   // The tile's dout_c rows and the first chunk of v_c, one copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
   issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
-  rows_dot_matrix<T, D>(a, rows, v_c, nkv, stage, stage_rows, true,
+  rows_dot_matrix<T, D>(a, rows, v_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { dmm.row(r)[j] = Elem<T>::bits(s); });
   // k_c's first chunk flies during the softmax's backward, a warp per row: rowsum(attn ⊙ dattn),
   // then dmm over dattn.
@@ -74,7 +74,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   __syncthreads();
   dmm.copy_home(rows);  // the kv side reads dmm from the workspace
   uint16_t* dq_term = static_cast<uint16_t*>(p.dq_term) + q_row0 * D;
-  rows_times_matrix<T, D>(dmm, rows, k_c, nkv, stage, stage_rows, true,
+  rows_times_matrix<T, D>(dmm, rows, k_c, nkv, stage, stage_rows,
                           [&](int r, int d, float o) {
                             const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
                             dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));

@@ -186,7 +186,7 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, 0, kRows, a);
   issue_first_chunk<D>(k_c, nkv, stage, stage_rows);
   const float scale = p.scale;
-  rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows, true,
+  rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
   // v_c's first chunk flies while the warps select.
   issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
@@ -195,7 +195,7 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   __syncthreads();
   attn.copy_home(rows);
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
-  rows_times_matrix<T, D>(attn, rows, v_c, nkv, stage, stage_rows, true,
+  rows_times_matrix<T, D>(attn, rows, v_c, nkv, stage, stage_rows,
                           [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
 }
 

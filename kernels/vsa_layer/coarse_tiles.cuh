@@ -56,21 +56,22 @@ __device__ __forceinline__ void copy_rows_async(const uint16_t* m, int n, int fi
 }
 
 // Issues and commits (with any copies the caller issued just before) the copy of the first chunk of
-// a product's [n x D] matrix m into the stage: what stage_chunk waits for when first_issued.
+// a product's [n x D] matrix m into the stage: what stage_chunk waits for at j0 = 0.
 template <int D>
 __device__ __forceinline__ void issue_first_chunk(const uint16_t* m, int n, uint16_t* stage, int stage_rows) {
   copy_rows_async<D>(m, n, 0, round16(min(stage_rows, n)), stage);
   cp_async_commit();
 }
 
-// The chunk of a product's matrix that starts at row j0: its rows, the copy of which (as
-// copy_rows_async, rounded up to whole k16 steps) the caller issued and committed already for the
-// first chunk when first_issued (issue_first_chunk); waits for it and synchronizes the block.
+// The chunk of a product's matrix that starts at row j0: its rows. The first chunk's copy is the
+// caller's (issue_first_chunk, issued ahead of the work before the product); later chunks' copies
+// (copy_rows_async, rounded up to whole k16 steps) are issued here. Waits for the chunk's copy and
+// synchronizes the block.
 template <int D>
 __device__ __forceinline__ int stage_chunk(const uint16_t* m, int n, int j0, uint16_t* stage,
-                                           int stage_rows, bool first_issued) {
+                                           int stage_rows) {
   const int count = min(stage_rows, n - j0);
-  if (j0 > 0 || !first_issued) {
+  if (j0 > 0) {
     __syncthreads();  // the stage's previous chunk is consumed
     copy_rows_async<D>(m, n, j0, round16(count), stage);
     cp_async_commit();
@@ -86,14 +87,14 @@ __device__ __forceinline__ int stage_chunk(const uint16_t* m, int n, int j0, uin
 // the columns, one MMA. Ends with the block synchronized (the stage free again).
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_dot_matrix(const uint16_t* a, int rows, const uint16_t* m, int n,
-                                                uint16_t* stage, int stage_rows, bool first_issued,
+                                                uint16_t* stage, int stage_rows,
                                                 Store&& store) {
   constexpr int kPW = TileSmem<D>::kPitch / 2;  // 32-bit words of a staged row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const uint32_t* aw = reinterpret_cast<const uint32_t*>(a);
   const uint32_t* sw = reinterpret_cast<const uint32_t*>(stage);
   for (int j0 = 0; j0 < n; j0 += stage_rows) {
-    const int count = stage_chunk<D>(m, n, j0, stage, stage_rows, first_issued);
+    const int count = stage_chunk<D>(m, n, j0, stage, stage_rows);
     for (int c0 = 8 * warp; c0 < count; c0 += 8 * kWarps) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const int col = c0 + g;
@@ -161,7 +162,7 @@ struct TileRows {
 // four 16-bit loads of the staged rows, one MMA. Ends with the block synchronized.
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_times_matrix(const TileRows& w, int rows, const uint16_t* m, int n,
-                                                  uint16_t* stage, int stage_rows, bool first_issued,
+                                                  uint16_t* stage, int stage_rows,
                                                   Store&& store) {
   constexpr int kP = TileSmem<D>::kPitch;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -173,7 +174,7 @@ __device__ __forceinline__ void rows_times_matrix(const TileRows& w, int rows, c
   };
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int j0 = 0; j0 < n; j0 += stage_rows) {
-    const int count = stage_chunk<D>(m, n, j0, stage, stage_rows, first_issued);
+    const int count = stage_chunk<D>(m, n, j0, stage, stage_rows);
     if (!owns) continue;
     for (int k0 = 0; k0 < count; k0 += 16) {
       const int j = j0 + k0;
