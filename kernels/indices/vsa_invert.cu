@@ -80,17 +80,32 @@ __device__ __forceinline__ void entries_kv(const InvertParams& p, const Chunk& c
 }
 
 // Counts the chunk's usable entries per kv block of the window [k0, k0 + width) into `counts`
-// (shared memory, zeroed by the caller), kPerThread entries per thread in flight at a time.
+// (shared memory, zeroed by the caller), kPerThread entries per thread in flight at a time; with
+// `kept` (shared memory, one per entry) also keeps every entry's kv block there (-1: not used).
 template <int kPerThread>
 __device__ __forceinline__ void count_entries(const InvertParams& p, const Chunk& c, int k0,
-                                              int width, int32_t* counts) {
+                                              int width, int32_t* counts, int16_t* kept = nullptr) {
   for (int e0 = 0; e0 < c.num_entries; e0 += kPerThread * blockDim.x) {
     int kv[kPerThread];
     entries_kv(p, c, e0 + threadIdx.x, blockDim.x, kv);
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j)
+    for (int j = 0; j < kPerThread; ++j) {
+      const int e = e0 + threadIdx.x + j * blockDim.x;
+      if (kept != nullptr && e < c.num_entries) kept[e] = static_cast<int16_t>(kv[j]);
       if (kv[j] >= k0 && kv[j] < k0 + width) atomicAdd(&counts[kv[j] - k0], 1);
+    }
   }
+}
+
+// The counters [lo, hi) of an array of `width` that this thread of the block scans: consecutive
+// runs, in thread order.
+struct ThreadCounters {
+  int lo, hi;
+};
+__device__ __forceinline__ ThreadCounters counters_of_thread(int width) {
+  const int per_thread = (width + blockDim.x - 1) / blockDim.x;
+  const int lo = min(static_cast<int>(threadIdx.x) * per_thread, width);
+  return {lo, min(lo + per_thread, width)};
 }
 
 }  // namespace
@@ -237,9 +252,7 @@ __device__ __forceinline__ void place_batch(const InvertParams& p, int row0, int
                                             int32_t* count, int32_t* bucket_base, int32_t* cursor,
                                             int32_t* bucket, int32_t* warp_sums, int32_t* out) {
   const int max_k = p.lists.max_k;
-  const int per_thread = (width + blockDim.x - 1) / blockDim.x;  // the counters a thread scans
-  const int k_lo = min(static_cast<int>(threadIdx.x) * per_thread, width);
-  const int k_hi = min(k_lo + per_thread, width);
+  const ThreadCounters own = counters_of_thread(width);
   for (int k = threadIdx.x; k < width; k += blockDim.x) count[k] = 0;
   __syncthreads();
   int in_bucket[kPerThread];
@@ -250,9 +263,9 @@ __device__ __forceinline__ void place_batch(const InvertParams& p, int row0, int
   }
   __syncthreads();
   int32_t mine = 0;
-  for (int k = k_lo; k < k_hi; ++k) mine += count[k];
+  for (int k = own.lo; k < own.hi; ++k) mine += count[k];
   int32_t base = block_exclusive_scan(mine, warp_sums);  // the buckets' bases
-  for (int k = k_lo; k < k_hi; ++k) {
+  for (int k = own.lo; k < own.hi; ++k) {
     bucket_base[k] = base;
     base += count[k];
   }
@@ -407,10 +420,8 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertUnitThreads)
   int32_t* bucket = work + nkv;
   int16_t* kvs = reinterpret_cast<int16_t*>(bucket + kBatch);  // one q head's entries
   const int group = p.kv_order != nullptr ? p.group : 1;
-  const int per_thread = (nkv + blockDim.x - 1) / blockDim.x;  // the counters a thread scans
-  const int k_lo = min(static_cast<int>(threadIdx.x) * per_thread, nkv);
-  const int k_hi = min(k_lo + per_thread, nkv);
-  for (int k = k_lo; k < k_hi; ++k) work[k] = 0;
+  const ThreadCounters own = counters_of_thread(nkv);
+  for (int k = own.lo; k < own.hi; ++k) work[k] = 0;
   for (int g = 0; g < group; ++g) {
     Chunk c;  // the q head's lists, whole
     c.unit = static_cast<int64_t>(blockIdx.x) * group + g;
@@ -419,26 +430,16 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertUnitThreads)
     c.row_end = nqb;
     c.num_entries = nqb * max_k;
     // 1. Every entry's kv block, kept and counted.
-    for (int k = k_lo; k < k_hi; ++k) count[k] = 0;
+    for (int k = own.lo; k < own.hi; ++k) count[k] = 0;
     __syncthreads();
-    for (int e0 = 0; e0 < c.num_entries; e0 += kLoadsPerThread * blockDim.x) {
-      int kv[kLoadsPerThread];
-      entries_kv(p, c, e0 + threadIdx.x, blockDim.x, kv);
-#pragma unroll
-      for (int j = 0; j < kLoadsPerThread; ++j) {
-        const int e = e0 + threadIdx.x + j * blockDim.x;
-        if (e >= c.num_entries) continue;
-        kvs[e] = static_cast<int16_t>(kv[j]);
-        if (kv[j] >= 0) atomicAdd(&count[kv[j]], 1);
-      }
-    }
+    count_entries<kLoadsPerThread>(p, c, 0, nkv, count, kvs);
     __syncthreads();
     // 2. The segments' offsets: an exclusive scan of the counts, where the cursors start.
     int32_t mine = 0;
-    for (int k = k_lo; k < k_hi; ++k) mine += count[k];
+    for (int k = own.lo; k < own.hi; ++k) mine += count[k];
     int32_t base = block_exclusive_scan(mine, warp_sums, &unit_total);
     int32_t* off = p.offsets + c.unit * (nkv + 1);
-    for (int k = k_lo; k < k_hi; ++k) {
+    for (int k = own.lo; k < own.hi; ++k) {
       off[k] = base;
       cursor[k] = base;
       work[k] += count[k];
