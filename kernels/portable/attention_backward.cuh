@@ -19,6 +19,7 @@
 #include "nvfp4/nvfp4_fragments.cuh"
 #include "primitives/online_softmax.cuh"
 #include "primitives/smem_tile.cuh"
+#include "schedules/dkdv_grid.cuh"
 
 namespace fva::dev {
 
@@ -325,9 +326,10 @@ __device__ __forceinline__ void attention_backward_dkdv(const kern::AttentionPar
   using E = typename T::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int bh = blockIdx.y;  // (b, kv head)
-  const int b = bh / p.Hkv, hk = bh % p.Hkv;
-  const int k0 = Schedule::key_block(p, bh, blockIdx.x) * 64;  // VSA: longest lists first
+  // (b, kv head) and the first key (VSA: longest lists first; schedules/dkdv_grid.cuh).
+  const DkdvBlock blk = dkdv_block<Schedule>(p, 0);
+  const int b = blk.unit / p.Hkv, hk = blk.unit % p.Hkv;
+  const int k0 = blk.key_block * 64;
 
   const KTile sk{smem_address(smem)};
   const KTile sv{sk.base + KTile::kBytes};

@@ -83,6 +83,9 @@ struct AttentionParams {
   int32_t quantize_p;    // QAT backward: dV from FQ_P(P) (the forward's is a template parameter)
   VsaLists vsa;
   BlockTerms terms;      // VSA backward: the layer's block terms (null: none)
+  // The dK/dV launch's grid (schedules/dkdv_grid.cuh): 0, x the key block's rank and y the
+  // (b, kv head) unit; 1, x the unit and y the rank. Set by the host for VSA only.
+  int32_t kv_units_first;
 };
 
 // A CUDA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on the

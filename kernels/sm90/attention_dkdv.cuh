@@ -30,6 +30,7 @@
 #include "shared/kernel_params.h"
 #include "primitives/block_terms.cuh"
 #include "primitives/sm90.cuh"
+#include "schedules/dkdv_grid.cuh"
 #include "sm90/dkdv_mainloop.cuh"
 #include "sm90/dkdv_producer.cuh"
 #include "sm90/dkdv_ring.cuh"
@@ -61,10 +62,11 @@ __device__ __forceinline__ void attention_backward_dkdv_sm90(const kern::Sm90Bac
   const L ring{smem, base};
 
   const int warpgroup = threadIdx.x / 128;
-  const int bh = blockIdx.y + (kStoreDs ? P.kv_unit0 : 0);  // stored dS: a chunk of the units
-  const int b = bh / p.Hkv, hk = bh % p.Hkv;
-  // The block's first key (VSA: its kv block in the inverse's order, longest lists first).
-  const int k0 = Schedule::key_block(p, bh, blockIdx.x) * 64 * kConsumers;
+  // The block's unit (stored dS: of a chunk of the units) and first key (VSA: its kv block in the
+  // inverse's order, longest lists first; schedules/dkdv_grid.cuh).
+  const DkdvBlock blk = dkdv_block<Schedule>(p, kStoreDs ? P.kv_unit0 : 0);
+  const int b = blk.unit / p.Hkv, hk = blk.unit % p.Hkv;
+  const int k0 = blk.key_block * 64 * kConsumers;
   const Schedule sched(p, b, hk, k0);  // the query tiles the block walks
   const QueryTiles64<Schedule> tiles{sched};
   // Where the producer writes, per stage, lse and Delta of the tile's 64 rows (stage s's at

@@ -105,6 +105,9 @@ struct DeviceInfo {
   // Shared memory of one SM in bytes (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR): how
   // many blocks of a kernel's shared-memory footprint an SM holds. 0 when unknown.
   int smem_per_sm = 0;
+  // The L2 cache in bytes (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE): whether a launch's operands stay in
+  // it whatever order its blocks run in. 0 when unknown.
+  int l2_bytes = 0;
   std::string name;
   // The handle's image choice (fva_handle_options_t.ptx_jit): load the families' PTX-only fatbins,
   // which the driver JIT-compiles, instead of the fatbins with SASS. Set by fva_create.

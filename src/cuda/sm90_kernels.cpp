@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "kernel_images.h"
 #include "kernel_name.h"
@@ -236,6 +237,7 @@ void dkdv_launch(const fva_handle& h, Sm90Kind kind, const kern::Sm90BackwardPar
   Launch l;
   l.grid_x = blocks_for(params.a.Skv, 64 * consumers);
   l.grid_y = static_cast<unsigned>(kv_units);
+  if (params.a.kv_units_first) std::swap(l.grid_x, l.grid_y);  // schedules/dkdv_grid.cuh
   l.block = static_cast<unsigned>(kern::kWarpgroupThreads * (1 + consumers));
   l.smem = static_cast<size_t>(kern::sm90_dkdv_smem_bytes(static_cast<int>(D), kDkdvStages, fused));
   const char* suffix = fused ? "q" : variant == Dkdv::kStoresDs ? "s" : "";

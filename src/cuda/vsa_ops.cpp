@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <utility>
 
 #include "cuda_ops.h"
 #include "error.h"
@@ -221,6 +222,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
     ip.kv_order = kv_order;
     ip.group = static_cast<int32_t>(p.Hq / p.Hkv);
     a.vsa.kv_order = kv_order;
+    a.kv_units_first = plan.dkdv_units_first ? 1 : 0;
   }
   const InverseBuffers inverse = inverse_buffers(plan.inverse, ws);
   build_inverse(h, ip, inverse, stream);
@@ -250,6 +252,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   launch("vsa", KernelName("fva_vsa_bwd_dq_", sfx, "_d", p.D).c_str(), h.device, l, stream, a);
   l.grid_x = static_cast<unsigned>(p.num_kv_blocks);
   l.grid_y = static_cast<unsigned>(p.B * p.Hkv);
+  if (a.kv_units_first) std::swap(l.grid_x, l.grid_y);  // schedules/dkdv_grid.cuh
   l.smem = static_cast<size_t>(kern::dkdv_smem_bytes(static_cast<int>(p.D)));
   launch("vsa", KernelName("fva_vsa_bwd_dkdv_", sfx, "_d", p.D).c_str(), h.device, l, stream, a);
 }

@@ -35,6 +35,10 @@ struct VsaBackwardPlan {
   // shared memory, up to kern::kVsaOrderMaxKvBlocks); Delta then runs beside the inverse's kernels
   // and the order waits for it.
   bool orders_kv_blocks = false;
+  // The dK/dV launch runs its blocks rank by rank across the (b, kv head) units, every unit's
+  // longest lists first (schedules/dkdv_grid.cuh), where they are ordered and the launch's Q and dO
+  // fit in the L2 together; unit by unit otherwise.
+  bool dkdv_units_first = false;
   WorkspaceRegion delta;
   VsaInverseRegions inverse;
   WorkspaceRegion kv_order, delta_done, ds_tiles;

@@ -696,6 +696,25 @@ TEST_CASE("GPU VSA matches the CPU backend at the dK/dV block order's limit") {
   }
 }
 
+// The backward's dK/dV blocks run rank by rank across the (b, kv head) units while the call's Q and
+// dO fit in the device's L2, unit by unit past it (schedules/dkdv_grid.cuh, plan_vsa_backward); the
+// other VSA cases are small, so this one puts Q and dO just past the L2, with a GQA group of two.
+TEST_CASE("GPU VSA matches the CPU backend when Q and dO outgrow the L2 (dK/dV unit by unit)") {
+  int l2_bytes = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  VsaCase c = random_vsa_case();
+  c.B = 1;
+  c.Hkv = 1;
+  c.Hq = 2;
+  c.D = 64;
+  const int64_t query_side_bytes_per_q_block = 2 * c.Hq * 64 * c.D * 2;  // Q and dO, 2-byte types
+  c.nqb = l2_bytes / query_side_bytes_per_q_block + uniform(1, 8);
+  c.nkv = uniform(4, 12);
+  c.max_k = uniform(1, 2);
+  REQUIRE(c.nqb * query_side_bytes_per_q_block > l2_bytes);
+  check_vsa_case(c);
+}
+
 // Scores that jump between a list's blocks by far more than 2^8 (the forward's lazy rescale): rows
 // whose later blocks score higher move their reference max, rows whose later blocks score lower
 // keep it.
