@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # ncu profile of the attention kernels at the bench shape (B=1, H=8, S=16384, D=128), on the device
 # machine after tools/gpu-check has built build-gpu. Prints, per kernel, the time and the counters
-# that say what bounds it: tensor-pipe (the hmma counter: it also counts wgmma on sm_90), shared-memory and issue
-# utilization, L2 and DRAM throughput, warp instructions, occupancy, bank conflicts, and the main
-# warp stall reasons. Clocks are left alone (--clock-control none).
+# that say what bounds it: the SMs' busy cycles (mean, busiest) against the span, tensor-pipe (the
+# hmma counter: it also counts wgmma on sm_90), shared-memory and issue utilization, L2 and DRAM
+# throughput, warp instructions, occupancy, bank conflicts, and the main warp stall reasons. Clocks are left alone (--clock-control none).
 #   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384), BENCH_EXTRA (more
 #   `fvattn bench` options, e.g. "--ops vsa --lists local").
 set -uo pipefail
@@ -28,6 +28,9 @@ m+=,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
 m+=,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+# The SMs' busy cycles, mean and busiest, against the kernel's span: how much of the span the SMs
+# idle on average (an uneven last wave, blocks of uneven length).
+m+=,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max
 # Per-pipe instruction rates (which ALU pipe an ALU-bound kernel saturates), and the L2's hit rate
 # on reads (how much of what the kernel reads comes from the DRAM), where this ncu has them.
 metrics=$(ncu --query-metrics 2>/dev/null)
@@ -50,7 +53,9 @@ short = {"gpu__time_duration.sum": "us", "sm__pipe_tensor_op_hmma_cycles_active.
          "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2%",
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
          "lts__t_sector_op_read_hit_rate.pct": "L2rd_hit%",
-         "smsp__inst_executed.sum": "warp_inst"}
+         "smsp__inst_executed.sum": "warp_inst",
+         "sm__cycles_active.avg": "smact_avg", "sm__cycles_active.max": "smact_max",
+         "sm__cycles_elapsed.max": "span_cyc"}
 for k in hdr:
     if k.startswith("sm__inst_executed_pipe_"):
         short[k] = "p_" + k.split("pipe_")[1].split(".")[0][:8]
