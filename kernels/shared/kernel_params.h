@@ -209,6 +209,18 @@ struct MeanParams {
 // per sequence); past that the dK/dV blocks run in index order.
 constexpr int kVsaOrderMaxKvBlocks = 4096;
 
+// Whether the VSA backward's dK/dV grid runs rank by rank across the (b, kv head) units
+// (AttentionParams::kv_units_first, schedules/dkdv_grid.cuh): where its blocks are ordered (up to
+// kVsaOrderMaxKvBlocks) and the call's Q and dO (2 bytes an element) fit in the device's L2
+// together, so that the blocks resident together may read every unit's instead of a few units'
+// at no DRAM cost; and where the ranks fit in a grid's y (65535). l2_bytes 0: unknown, unit by unit.
+inline bool vsa_dkdv_units_first(int64_t B, int64_t Hq, int64_t num_q_blocks, int64_t D,
+                                 int64_t num_kv_blocks, int64_t l2_bytes) {
+  const int64_t query_side_bytes = 2 * B * Hq * num_q_blocks * 64 * D * 2;
+  return num_kv_blocks <= kVsaOrderMaxKvBlocks && num_kv_blocks <= 65535 && l2_bytes > 0 &&
+         query_side_bytes <= l2_bytes;
+}
+
 // Inversion of the q2k lists per (b, h) unit (kernels/indices/vsa_invert.cu). A unit's q blocks are cut
 // into chunks of consecutive rows; the inverse counts each chunk's entries per kv block (the tally),
 // scans the tally kv-major, and then places each chunk's entries in row order, so every kv block's

@@ -33,11 +33,9 @@ VsaBackwardPlan plan_vsa_backward(const fva_handle& h, const VsaProblem& p) {
                                     (p.Hq / p.Hkv) * p.num_q_blocks * p.max_k);
   }
   plan.orders_kv_blocks = p.num_kv_blocks <= kern::kVsaOrderMaxKvBlocks;
-  // Rank by rank, the blocks resident together read the Q and dO of every unit instead of a few
-  // units'; that costs no DRAM traffic while all of them stay in the L2.
-  const int64_t query_side_bytes = 2 * p.B * p.Hq * p.num_q_blocks * kVsaBlock * p.D * 2;
-  plan.dkdv_units_first = plan.orders_kv_blocks && h.device.l2_bytes > 0 &&
-                          query_side_bytes <= h.device.l2_bytes && p.num_kv_blocks <= 65535;
+  plan.dkdv_units_first = plan.orders_kv_blocks &&
+                          kern::vsa_dkdv_units_first(p.B, p.Hq, p.num_q_blocks, p.D, p.num_kv_blocks,
+                                                     h.device.l2_bytes);
   WorkspaceLayout layout;
   plan.delta = layout.add<float>(static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * kVsaBlock));
   plan.inverse = add_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, layout);
