@@ -501,6 +501,7 @@ int cmd_bench(const BenchOptions& o) {
     opts.backend = FVA_BACKEND_CUDA;
     opts.kernels = choice;
     opts.deterministic = deterministic;
+    opts.ds_budget_mib = o.ds_budget_mib;  // -1 (FVA_OPTION_AUTO): the library's default
     fva_check(fva_create(&h, &opts), "fva_create(CUDA)");
     fva_check(fva_get_info(h, &info), "fva_get_info");
     std::mt19937_64 rng(12345);
@@ -520,12 +521,13 @@ int cmd_bench(const BenchOptions& o) {
   ratios_to_sdpa(res);
 
   fmt::print("fvattn bench on {} (sm_{}{}, image {}), {}, median of {} (warm-up {}), {}, "
-             "{} handles\n",
+             "{} handles{}\n",
              info.device_name, info.sm_major, info.sm_minor, info.image,
              o.suite.empty() ? fmt::format("B={} H={} D={} bf16", o.B, o.H, o.D) : "suite " + o.suite,
              o.iters, o.warmup,
              o.settle_s > 0 ? fmt::format("{} s of rest before each op", o.settle_s) : std::string("back to back"),
-             deterministic ? "deterministic" : "default (not deterministic)");
+             deterministic ? "deterministic" : "default (not deterministic)",
+             o.ds_budget_mib >= 0 ? fmt::format(", stored dS within {} MiB", o.ds_budget_mib) : std::string());
   // SM MHz and W: medians of NVML samples over the op's timed calls (the card lowers its clock
   // when it reaches its power limit, so equal kernels can differ by their clocks); W is the
   // board's instantaneous power where the driver reports it (tools/gpu_clocks.h), and the JSON
@@ -563,6 +565,7 @@ int cmd_bench(const BenchOptions& o) {
     j["D"] = o.D;
     j["iters"] = o.iters;
     j["deterministic"] = deterministic;
+    if (o.ds_budget_mib >= 0) j["ds_budget_mib"] = o.ds_budget_mib;
     j["vsa_density"] = o.density;
     j["vsa_lists"] = o.local_lists ? "local" : "random";
     j["settle_s"] = o.settle_s;

@@ -30,6 +30,9 @@ struct BenchOptions {
   double settle_s = 0.0;
   std::string kernels = "auto";  // --kernels auto|portable|both
   int32_t deterministic = 0;     // --deterministic
+  // --ds-budget-mib: the handles' ds_budget_mib (the sm_90 backwards' stored-dS workspace, whose
+  // size also decides how many (batch, kv head) chunks they run in); -1: the library's default.
+  int32_t ds_budget_mib = -1;
   // --suite round2: the shapes users run (the attention table of speed round two: short sequences,
   // D = 64, causal, B > 1, GQA, fp16, ThunderKittens' VSA point, Wan's length), instead of --seq
   // over --batch/--heads/--dim.
@@ -83,6 +86,11 @@ inline void add_bench_options(CLI::App& cmd, BenchOptions& o, BenchParse& p) {
       ->check(CLI::IsMember({"auto", "portable", "both"}))
       ->capture_default_str();
   cmd.add_flag("--deterministic", p.deterministic, "deterministic handles");
+  cmd.add_option("--ds-budget-mib", o.ds_budget_mib,
+                 "the handles' ds_budget_mib: MiB of workspace for the sm_90 backwards' stored dS "
+                 "(0: never stored; default: the library's)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->option_text("MIB");
   cmd.add_option("--lists", p.lists, "VSA's q2k lists")
       ->check(CLI::IsMember({"random", "local"}))
       ->capture_default_str();

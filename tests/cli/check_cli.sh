@@ -50,7 +50,7 @@ expect_not_in "$out/demo-help.out" "PASS|FAIL|backend:" "fvattn demo --help ran 
 # Each usage lists its own options (bench keeps every option ab_table.py's runs and docs use).
 for o in --seq --heads --seed --runs; do expect_in "$out/demo-help.out" "$o " "demo --help lists $o"; done
 for o in --seq --batch --heads --dim --iters --warmup --density --json --no-sdpa --kernels \
-         --deterministic --lists --ops --qat-preset --settle --layer --topk --suite; do
+         --deterministic --ds-budget-mib --lists --ops --qat-preset --settle --layer --topk --suite; do
   expect_in "$out/bench-help.out" "$o( |$)" "bench --help lists $o"
 done
 expect_not_in "$out/bench-help.out" "issue 5" "bench --help speaks of an issue"
