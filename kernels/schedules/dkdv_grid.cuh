@@ -9,7 +9,7 @@
 //     when the launch is two or three waves of lists as short as 16 q blocks; unit by unit, the
 //     last units' longest lists would start late and run past everything else. Each resident
 //     block then reads another unit's Q and dO, which the host allows only while all of them fit
-//     in the L2 (plan_vsa_backward).
+//     in the L2 (kern::vsa_dkdv_units_first).
 #pragma once
 
 #include "shared/kernel_params.h"
