@@ -213,12 +213,12 @@ constexpr int kVsaOrderMaxKvBlocks = 4096;
 // (AttentionParams::kv_units_first, schedules/dkdv_grid.cuh): where its blocks are ordered (up to
 // kVsaOrderMaxKvBlocks) and the call's Q and dO (2 bytes an element) fit in the device's L2
 // together, so that the blocks resident together may read every unit's instead of a few units'
-// at no DRAM cost; and where the ranks fit in a grid's y (65535). l2_bytes 0: unknown, unit by unit.
+// at no DRAM cost. l2_bytes 0: unknown, unit by unit.
+static_assert(kVsaOrderMaxKvBlocks <= 65535, "an ordered grid's ranks fit in its y");
 inline bool vsa_dkdv_units_first(int64_t B, int64_t Hq, int64_t num_q_blocks, int64_t D,
                                  int64_t num_kv_blocks, int64_t l2_bytes) {
   const int64_t query_side_bytes = 2 * B * Hq * num_q_blocks * 64 * D * 2;
-  return num_kv_blocks <= kVsaOrderMaxKvBlocks && num_kv_blocks <= 65535 && l2_bytes > 0 &&
-         query_side_bytes <= l2_bytes;
+  return num_kv_blocks <= kVsaOrderMaxKvBlocks && l2_bytes > 0 && query_side_bytes <= l2_bytes;
 }
 
 // Inversion of the q2k lists per (b, h) unit (kernels/indices/vsa_invert.cu). A unit's q blocks are cut

@@ -215,8 +215,6 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
     ip.delta_done = delta_done;
     ip.delta_blocks = static_cast<int32_t>(launch_delta(
         h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
-  }
-  if (plan.orders_kv_blocks) {
     // dK/dV's blocks longest list first (fva_vsa_invert_order): the grid's tail is then its
     // shortest blocks.
     ip.kv_order = kv_order;

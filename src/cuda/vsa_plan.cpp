@@ -33,9 +33,8 @@ VsaBackwardPlan plan_vsa_backward(const fva_handle& h, const VsaProblem& p) {
                                     (p.Hq / p.Hkv) * p.num_q_blocks * p.max_k);
   }
   plan.orders_kv_blocks = p.num_kv_blocks <= kern::kVsaOrderMaxKvBlocks;
-  plan.dkdv_units_first = plan.orders_kv_blocks &&
-                          kern::vsa_dkdv_units_first(p.B, p.Hq, p.num_q_blocks, p.D, p.num_kv_blocks,
-                                                     h.device.l2_bytes);
+  plan.dkdv_units_first = kern::vsa_dkdv_units_first(p.B, p.Hq, p.num_q_blocks, p.D,
+                                                     p.num_kv_blocks, h.device.l2_bytes);
   WorkspaceLayout layout;
   plan.delta = layout.add<float>(static_cast<size_t>(p.B * p.Hq * p.num_q_blocks * kVsaBlock));
   plan.inverse = add_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, layout);
