@@ -3,7 +3,8 @@
 # machine after tools/gpu-check has built build-gpu. Prints, per kernel, the time and the counters
 # that say what bounds it: the SMs' busy cycles (mean, busiest) against the span, tensor-pipe (the
 # hmma counter: it also counts wgmma on sm_90), shared-memory and issue utilization, L2 and DRAM
-# throughput, warp instructions, occupancy, bank conflicts, and the main warp stall reasons. Clocks are left alone (--clock-control none).
+# throughput, warp instructions, occupancy, bank conflicts, and the main warp stall reasons.
+# Clocks are left alone (--clock-control none).
 #   KERNELS (regex, default all fvattn attention kernels), SEQ (default 16384), BENCH_EXTRA (more
 #   `fvattn bench` options, e.g. "--ops vsa --lists local").
 set -uo pipefail

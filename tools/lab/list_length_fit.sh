@@ -13,7 +13,8 @@
 # lists says a persistent kernel (the next block's loads under this block's last tiles and stores)
 # would gain there; a small one says the time is in the tiles themselves.
 #   BUILD_DIR (default build-gpu), CONFIGS ("S:density ..."; default below), SMS (SM count;
-#   default: asked of PyTorch, else 132), OUT (default /tmp).
+#   default: asked of PyTorch, else 132), OUT (default /tmp). Runs from the repository root (it
+#   reads the kernels' blocks per SM from kernels/shared/kernel_traits.h).
 set -uo pipefail
 B=${BUILD_DIR:-build-gpu}
 OUT=${OUT:-/tmp}
@@ -28,12 +29,14 @@ for c in $configs; do
     BENCH_ARGS="--seq $S --ops vsa --density $density" tools/device/kernel_times.sh |
     sed "s/^/$S $density /" >> "$rows"
 done
-python3 - "$rows" "$sms" <<'PY'
+python3 - "$rows" "$sms" kernels/shared/kernel_traits.h <<'PY'
 import re, statistics, sys
-rows, sms = sys.argv[1], int(sys.argv[2])
+rows, sms, traits = sys.argv[1], int(sys.argv[2]), open(sys.argv[3]).read()
 H = 8
-# Resident blocks per SM (shared/kernel_traits.h): dK/dV storing dS two, dQ from stored dS four.
-slots = {"dkdvs": 2 * sms, "dqs": 4 * sms}
+def per_sm(name):  # a kernel's resident blocks per SM, as shared/kernel_traits.h sets them
+    return int(re.search(rf"constexpr int {name} = (\d+);", traits).group(1))
+slots = {"dkdvs": per_sm("kSm90DkdvBlocksPerSm") * sms,
+         "dqs": per_sm("kSm90DqFromDsBlocksPerSm") * sms}
 times = {}
 for line in open(rows):
     m = re.match(r"(\d+) ([\d.]+) S=\d+\s+fva_sm90_vsa_bwd_(dkdvs|dqs)_\S+\s+([\d.]+) us", line)
