@@ -7,7 +7,9 @@
 #     per 64-key tile, so that counts compare across kernels and sizes;
 #   - the instructions holding the most stall samples, with their stall reason mix.
 # The SASS itself goes beside it (cuobjdump of the family's fatbin, the kernel's function only).
-#   KERNEL (regex, required), SEQ (default 16384), NAME (output tag), TILES (warp-tiles the launch
+#   KERNEL (regex, required), SEQ (default 16384), BENCH_ARGS (the bench's shape options instead
+#   of `--seq SEQ`, e.g. "--ops layer --layer 8,30,52 --heads 12 --topk 26"), NAME (output tag),
+#   TILES (warp-tiles the launch
 #   runs, for the per-tile column; default: the VSA forward's at 25% density: 8 heads x S/64 q
 #   blocks x S/256 kv blocks x 4 warps).
 set -uo pipefail
@@ -18,7 +20,7 @@ seq=${SEQ:-16384}
 tag=${NAME:-hot}
 ncu --clock-control none --kernel-name "regex:${KERNEL:?KERNEL regex}" --launch-count 1 \
   --section SourceCounters --section WarpStateStats --import-source no -f -o "$OUT/hot-$tag" \
-  "$B/tools/fvattn" bench --seq "$seq" --iters 1 --warmup 1 --no-sdpa > "$OUT/hot-$tag.err" 2>&1
+  "$B/tools/fvattn" bench ${BENCH_ARGS:---seq $seq} --iters 1 --warmup 1 --no-sdpa > "$OUT/hot-$tag.err" 2>&1
 ncu -i "$OUT/hot-$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/hot-$tag-sass.csv" 2>>"$OUT/hot-$tag.err"
 for f in "$B"/kernels/fvattn_sm90.fatbin; do
   cuobjdump --dump-sass "$f" | awk -v k="${KERNEL}" '/Function :/ {on = ($0 ~ k)} on' > "$OUT/hot-$tag.sass"
