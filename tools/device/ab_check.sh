@@ -23,7 +23,11 @@
 #   the VSA forward's timeline probe, tools/lab/vsa_fwd_timeline.cu, runs on both trees at those
 #   lengths at 25% density, and on both again with their traced tiles' steps, -DFVA_TRACE_TILES
 #   and TIMELINE_FLAGS (e.g. -DFVA_TRACED_FROM=29: other entries of the list); its output ends
-#   summary.txt).
+#   summary.txt), LAYER (optional, the bench's layer shape, e.g. "--layer 8,30,52 --heads 12
+#   --topk 26": then the VSA layer's GPU suite, test_gpu_vsa_layer, runs with the tests, natively
+#   and with the portable kernels, and after the A/B the layer's bench alternates base and new
+#   ROUNDS times; summary.txt gets each round's layer and fine-branch milliseconds and the layer
+#   over its fine branch).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab-check}
 mkdir -p "$OUT"
@@ -51,6 +55,15 @@ if ! timeout 300 $B/tests/test_gpu_ops -tc="$tests" > "$work/tests.log" 2>&1; th
   finish 1
 fi
 note "tests ($tests): PASS: $(grep -E '^\[doctest\] test cases' "$work/tests.log")"
+if [ -n "${LAYER:-}" ]; then
+  for kernels in native portable; do
+    if ! FVATTN_TEST_KERNELS=$kernels timeout 300 $B/tests/test_gpu_vsa_layer > "$work/layer-$kernels.log" 2>&1; then
+      note "layer suite ($kernels): FAIL: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/layer-$kernels.log" | tr '\n' ' ')"
+      finish 1
+    fi
+    note "layer suite ($kernels): PASS: $(grep -E '^\[doctest\] test cases' "$work/layer-$kernels.log")"
+  done
+fi
 
 failed=0
 for tool in ${SANITIZERS:-racecheck synccheck}; do
@@ -114,6 +127,34 @@ for k in sorted(set().union(*(set(d) for _, d in runs))):
     print(f"{k[:44]:44s} " + " ".join(f"{cell(d):>24s}" for _, d in runs))
 PY
   done
+fi
+if [ -n "${LAYER:-}" ] && [ -z "${VARIANTS:-}" ]; then
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for name in base new; do
+      b=$B
+      [ "$name" = base ] && b=$base_dir/build-gpu
+      # shellcheck disable=SC2086
+      timeout 120 $b/tools/fvattn bench --ops layer $LAYER --no-sdpa --iters 20 --warmup 3 \
+        --json "$work/layer-$name-$r.json" > "$work/layer-bench-$name-$r.log" 2>&1
+    done
+  done
+  python3 - "$work" "${ROUNDS:-2}" <<'PY' | tee -a "$summary"
+import json, os, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+ops = ["layer_forward", "layer_backward", "layer_fine_forward", "layer_fine_backward", "layer_over_fine"]
+print(f"{'layer (ms; over fine: ratio), by round':40s} {'base':>24s} {'new':>24s}")
+rows = {op: {"base": [], "new": []} for op in ops}
+for r in range(1, rounds + 1):
+    for name in ("base", "new"):
+        path = os.path.join(work, f"layer-{name}-{r}.json")
+        if not os.path.exists(path):
+            continue
+        for x in json.load(open(path))["results"]:
+            if x["op"] in rows:
+                rows[x["op"]][name].append(f"{x['ms']:.4g}")
+for op in ops:
+    print(f"{op:40s} {', '.join(rows[op]['base']):>24s} {', '.join(rows[op]['new']):>24s}")
+PY
 fi
 if [ -n "${TIMELINE:-}" ]; then
   traced="-DFVA_TRACE_TILES ${TIMELINE_FLAGS:-}"
