@@ -65,33 +65,6 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
   };
   const E* o = static_cast<const E*>(ot.data);
   const E* d = static_cast<const E*>(dt.data);
-  // The VSA layer's dgate from the dout loaded here (kern::LayerGateGrad), where its record check
-  // passes (every lane of the warp decides alike: the launch's warps are converged here).
-  const kern::LayerGateGrad& gg = p.gate_grad;
-  const bool dgate = gg.dgate.data != nullptr &&
-                     (p.terms.check.stored == nullptr || reserve_matches(p.terms.check));
-  // dgate = dtype(dout * out_c[block]) at the lane's 8 columns of row `row` (dout's as floats).
-  auto store_dgate = [&](int64_t row, const float (&dout8)[8]) {
-    const int s = static_cast<int>(row % p.Sq);
-    const int64_t bh = row / p.Sq;
-    const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
-    const uint4 ocv = *reinterpret_cast<const uint4*>(static_cast<const E*>(gg.out_c) +
-                                                      (bh * gg.nq + s / 64) * D + col);
-    const uint32_t ow[4] = {ocv.x, ocv.y, ocv.z, ocv.w};
-    uint4 out;
-    uint32_t* w = &out.x;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = T::pack(dout8[2 * i] * T::low(ow[i]), dout8[2 * i + 1] * T::high(ow[i]));
-    E* dst = static_cast<E*>(gg.dgate.data) + b * gg.dgate.stride_b + h * gg.dgate.stride_h +
-             s * gg.dgate.stride_s + col;
-    if (((reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
-      *reinterpret_cast<uint4*>(dst) = out;
-    } else {
-      const E* e = reinterpret_cast<const E*>(&out);
-      for (int i = 0; i < 8; ++i) dst[i] = e[i];
-    }
-  };
   for (int64_t w0 = first_warp; w0 * kRowsPerWarp < rows; w0 += kDeltaUnroll * warps) {
     int64_t row[kDeltaUnroll];
     float sum[kDeltaUnroll];
@@ -121,15 +94,6 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
           sum[u] = fmaf(T::low(ow[i]), T::low(dw[i]), sum[u]);
           sum[u] = fmaf(T::high(ow[i]), T::high(dw[i]), sum[u]);
         }
-        if (dgate && row[u] < rows) {
-          float d8[8];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            d8[2 * i] = T::low(dw[i]);
-            d8[2 * i + 1] = T::high(dw[i]);
-          }
-          store_dgate(row[u], d8);
-        }
       }
     } else {
 #pragma unroll
@@ -138,11 +102,6 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
         int64_t oo, od;
         offsets(row[u], oo, od);
         for (int i = 0; i < 8; ++i) sum[u] = fmaf(T::to_float(o[oo + i]), T::to_float(d[od + i]), sum[u]);
-        if (dgate) {
-          float d8[8];
-          for (int i = 0; i < 8; ++i) d8[i] = T::to_float(d[od + i]);
-          store_dgate(row[u], d8);
-        }
       }
     }
     // Every lane takes part (rows past the end add zeros): the row's lanes are a power-of-two group.

@@ -98,13 +98,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
-// Asks the L2 to fetch `bytes` (a multiple of 16, the address 16-byte aligned) of contiguous
-// global memory ahead of a later load; nothing waits for it and nothing lands in shared memory.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
-               ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
-               : "memory");
-}
 // Stores the shared-memory box at `src` to coordinates (c0 innermost .. c3) of a 4-d tensor map;
 // the TMA skips what falls outside the tensor. Asynchronous: bulk_store_commit() closes the group,
 // bulk_store_wait_read() waits until the TMA has read the shared memory (which must stay untouched

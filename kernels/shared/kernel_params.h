@@ -61,16 +61,6 @@ struct BlockTerms {
   LayerReserveCheck check;
 };
 
-// The VSA layer's backward with a gate (SPEC 3b): dgate = dtype(dout * out_c[block]) for every
-// element, which the fine backward's Delta pass writes, since it reads dout anyway and runs beside
-// the coarse backward (src/cuda/vsa_layer_ops.cpp). dgate.data null: not wanted (every other
-// backward). Written only where the layer's record check passes (BlockTerms::check).
-struct LayerGateGrad {
-  Tensor4 dgate;      // [B, Hq, Sq, D], the dtype, rows 16-byte aligned
-  const void* out_c;  // [B, Hq, nq, D], the dtype, contiguous: the coarse output per q block
-  int32_t nq;
-};
-
 // Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.
 enum : int32_t { kKindQat = 0, kKindVsa = 1 };
 
@@ -93,7 +83,6 @@ struct AttentionParams {
   int32_t quantize_p;    // QAT backward: dV from FQ_P(P) (the forward's is a template parameter)
   VsaLists vsa;
   BlockTerms terms;      // VSA backward: the layer's block terms (null: none)
-  LayerGateGrad gate_grad;  // VSA backward: the layer's dgate, written by Delta (null: none)
   // The dK/dV launch's grid (schedules/dkdv_grid.cuh): 0, x the key block's rank and y the
   // (b, kv head) unit; 1, x the unit and y the rank. Set by the host for VSA only.
   int32_t kv_units_first;

@@ -85,13 +85,15 @@ struct LayerGateParams {
 
 // ---- backward --------------------------------------------------------------------------------------
 
-// dout_c[i] = sum over block i's 64 slots of dout * gate (or dout), a unit per (b, q head, q block)
-// (vsa_layer/gate.cu). dgate is the fine backward's Delta pass's (kern::LayerGateGrad).
+// dgate = dout * out_c[block] and dout_c[i] = sum over block i's 64 slots of dout * gate (or dout),
+// a unit per (b, q head, q block) (vsa_layer/gate.cu).
 struct LayerGateBackwardParams {
   LayerReserveCheck check;
   Tensor4 dout;
   Tensor4 gate;   // data null: no gate
-  void* dout_c;   // [B, Hq, nq, D]
+  Tensor4 dgate;  // data null exactly when gate's is
+  const void* out_c;  // [B, Hq, nq, D]
+  void* dout_c;       // [B, Hq, nq, D]
   int32_t B, Hq, nq;
   int64_t units;
 };

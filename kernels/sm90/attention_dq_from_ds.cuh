@@ -36,7 +36,6 @@ template <typename T, int D, typename Schedule, int kStages>
 __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90BackwardParams& P,
                                                           char* smem) {
   using L = DqFromDsRing<D, kStages>;
-  constexpr int kDsPrefetchTiles = kStages + 4;  // how far past a loaded tile the L2 prefetch runs
   const kern::AttentionParams& p = P.a;
   const RecordCheck check = RecordCheck::load(p);  // the VSA layer's record, decided at the stores
   const L ring{smem_addr(smem)};
@@ -67,17 +66,8 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
   typename Schedule::Window compute(sched);
   typename Schedule::Window loads = compute;
   const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;  // warp-uniform, as ptxas sees it
-  // The dS tiles lie in slot order, and every walk visits its slots in ascending order: the loader
-  // also asks the L2 for the tile kDsPrefetchTiles slots past each one it loads, so that more of
-  // the stream from memory is in flight than the ring's stages alone keep (the kernel is bound by
-  // these reads). A skipped slot's prefetch only costs its bytes.
-  auto prefetch = [&](int slot) {
-    if (slot < P.ds_slots)
-      bulk_prefetch_l2(ds_tiles + static_cast<int64_t>(slot) * (L::kDsBytes / 16), L::kDsBytes);
-  };
   auto load = [&](int stage, const typename Schedule::Window::Tile& tile) {
     if (lane == 0) {
-      prefetch(tile.index + kDsPrefetchTiles);
       mbar_arrive_expect_tx(ring.full(stage), L::kStageBytes);
       for (int r = 0; r < L::kRegions; ++r)
         tma_load_4d(ring.k_tile(stage) + r * L::kRegionBytes, &P.k, ring.full(stage), 64 * r,
@@ -97,8 +87,6 @@ __device__ __forceinline__ void attention_dq_from_ds_sm90(const kern::Sm90Backwa
     for (int s = 0; s < kStages; ++s) {
       const auto first = loads.pop();
       if (!first.valid()) break;
-      if (s == 0 && lane == 0)  // the slots the loop's first prefetches pass over
-        for (int ahead = kStages; ahead < kDsPrefetchTiles; ++ahead) prefetch(first.index + ahead);
       load(s, first);
     }
   }

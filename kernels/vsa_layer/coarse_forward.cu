@@ -64,37 +64,16 @@ __device__ __forceinline__ int find_bin(const int* hist, int need, int* above) {
 // Row i of (b, h): softmax over the scores in `row` (overwritten by the weights) and the selection,
 // by one warp. The kv blocks that take part are those of nonzero size; the list holds
 // min(topk, their count) of them, ascending, then -1 up to topk, and q2k_num that count.
-// Which of the lane's first 32 kv blocks (lane + 32 n, bit n) have a real token. Every warp reads
-// them at the kernel's start, the loads in batches, while the block's first copies are in flight:
-// the selection's passes then read no block size from global memory below 1024 kv blocks.
-__device__ __forceinline__ uint32_t lane_valid_bits(const kern::LayerCoarseForwardParams& p) {
-  const int lane = threadIdx.x & 31;
-  constexpr int kBatch = 8;
-  uint32_t bits = 0;
-  for (int n0 = 0; n0 < 32 && lane + 32 * n0 < p.nkv; n0 += kBatch) {
-    int size[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int j = lane + 32 * (n0 + k);
-      size[k] = j < p.nkv ? block_tokens(p.kv_sizes, p.kv_sizes_stride, j) : 0;
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k)
-      if (size[k] > 0) bits |= 1u << (n0 + k);
-  }
-  return bits;
-}
-
 template <typename T>
 __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwardParams& p, int b,
-                                                   int h, int i, uint16_t* row, int* hist,
-                                                   uint32_t valid_bits) {
+                                                   int h, int i, uint16_t* row, int* hist) {
   const int lane = threadIdx.x & 31;
   const int nkv = p.nkv;
   const unsigned lt = (1u << lane) - 1u;
   auto valid = [&](int j) { return block_tokens(p.kv_sizes, p.kv_sizes_stride, j) > 0; };
-  // Whether kv block j, the lane's n-th (lane + 32 n), takes part: from valid_bits (lane_valid_bits)
-  // for the first 32, read past those.
+  // Pass 1 reads the blocks' sizes; the passes after it take their answers from these bits (bit n:
+  // the lane's n-th kv block, lane + 32 n, for the first 32 of them), and read again past those.
+  uint32_t valid_bits = 0;
   auto valid_at = [&](int n, int j) { return n < 32 ? ((valid_bits >> n) & 1u) != 0 : valid(j); };
   // Pass 1: the largest score, the blocks that take part, and the keys' high bytes counted. The
   // warp's previous row read hist last (find_bin); its lanes finish those reads before any clears.
@@ -105,7 +84,8 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
   int taking_part = 0;
   for (int n = 0, j = lane; j < nkv; ++n, j += 32) {
     const uint16_t s = row[j];
-    const bool ok = valid_at(n, j);
+    const bool ok = valid(j);
+    if (ok && n < 32) valid_bits |= 1u << n;
     if (ok) {
       mx = fmaxf(mx, Elem<T>::value(s));  // NaN scores are passed over
       ++taking_part;
@@ -205,15 +185,13 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   // The tile's q_c rows and the first chunk of k_c, one copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, 0, kRows, a);
   issue_first_chunk<D>(k_c, nkv, stage, stage_rows);
-  const uint32_t valid_bits = lane_valid_bits(p);  // (the selection's; its loads fly meanwhile)
   const float scale = p.scale;
   rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
   // v_c's first chunk flies while the warps select.
   issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
   const int warp = threadIdx.x >> 5;
-  if (warp < rows)
-    softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp, valid_bits);
+  if (warp < rows) softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
   __syncthreads();
   attn.copy_home(rows);
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;

@@ -140,11 +140,9 @@ struct TileRows {
   // memory only; the products write and read the rest).
   __device__ __forceinline__ void zero_padding(int rows) const {
     if (!in_smem) return;
-    // (32-bit arithmetic: the rows in shared memory are a few thousand elements.)
-    const int p32 = static_cast<int>(pitch), n32 = static_cast<int>(n);
-    for (int e = threadIdx.x; e < kRows * p32; e += kThreads) {
-      const int r = e / p32, j = e - r * p32;
-      if (r >= rows || j >= n32) base[e] = 0;
+    for (int64_t e = threadIdx.x; e < kRows * pitch; e += kThreads) {
+      const int64_t r = e / pitch, j = e % pitch;
+      if (r >= rows || j >= n) base[e] = 0;
     }
   }
   // A warp per row, the lanes over its columns.

@@ -4,11 +4,8 @@
 //     torch's two roundings (gate_combine8, layer_common.cuh); the sm_90a VSA forward fuses this
 //     pass into its epilogue for the layer (sm90/fused_layer_gate.cuh), so it runs after the
 //     portable fine forward only;
-//   - backward: dout_c[i] = dtype(Σ over block i's 64 slots of dtype(dout * gate)) (no gate: of
-//     dout), the slots summed in order. The other half of the gate's backward, dgate =
-//     dtype(dout * out_c[block]), is written by the fine backward's Delta pass, which reads dout
-//     anyway and runs beside the coarse backward (kern::LayerGateGrad): this pass, which the coarse
-//     backward waits for, then moves two tensors instead of three;
+//   - backward, gate: dgate = dtype(dout * out_c[block]) and dout_c[i] = dtype(Σ over block i's 64
+//     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order;
 // (The block means' backward takes no pass of its own: the fine branch's backward adds each block's
 // term as it writes dq, dk and dv, kern::BlockTerms.)
 // A unit of work is one 64-slot block of one (b, h). Both passes move 16 bytes a thread (the API
@@ -50,7 +47,7 @@ __device__ __forceinline__ void gate_forward(const kern::LayerGateParams& p) {
   }
 }
 
-// ---- backward: dout_c ------------------------------------------------------------------------------
+// ---- backward: dgate and dout_c ----------------------------------------------------------------------
 
 template <typename T, int D>
 __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParams& p) {
@@ -63,12 +60,15 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
   const int64_t bh = unit / p.nq;
   const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
   const int c = threadIdx.x % kThreadsPerUnit;  // columns 8c .. 8c + 7
+  float oc[8];
+  unpack8<T>(reinterpret_cast<const uint4*>(p.out_c)[(bh * p.nq + i) * (D / 8) + c], oc);
   const bool gated = p.gate.data != nullptr;
   const int64_t s0 = static_cast<int64_t>(i) * 64;
   const uint16_t* dout = row_of(p.dout, b, h, s0) + 8 * c;
   const uint16_t* gate = gated ? row_of(p.gate, b, h, s0) + 8 * c : nullptr;
+  uint16_t* dgate = gated ? mutable_row_of(p.dgate, b, h, s0) + 8 * c : nullptr;
   float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  constexpr int kBatch = 8;  // slots whose loads are in flight together
+  constexpr int kBatch = 4;  // slots whose loads are in flight together
   for (int r0 = 0; r0 < 64; r0 += kBatch) {
     uint4 wd[kBatch], wg[kBatch];
 #pragma unroll
@@ -82,10 +82,14 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
       float d[8];
       unpack8<T>(wd[r], d);
       if (gated) {
-        float g[8];
+        float g[8], dg[8];
         unpack8<T>(wg[r], g);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) sum[e] += rnd<T>(d[e] * g[e]);
+        for (int e = 0; e < 8; ++e) {
+          sum[e] += rnd<T>(d[e] * g[e]);
+          dg[e] = d[e] * oc[e];
+        }
+        *reinterpret_cast<uint4*>(dgate + (r0 + r) * p.dgate.stride_s) = pack8<T>(dg);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) sum[e] += d[e];

@@ -49,8 +49,7 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 // listed pair's dS tile there for the dQ kernel (8 KiB a pair, in chunks of at most the handle's
 // ds_budget_mib; vsa_plan.h). terms (the VSA layer's backward; null for fva_vsa_backward): the
 // block means' terms its kernels add to every row of dq, dk and dv, and the reserve record they
-// check before writing (kern::BlockTerms). gate_grad (the VSA layer's backward with a gate): the
-// dgate its Delta pass writes (kern::LayerGateGrad).
+// check before writing (kern::BlockTerms).
 //
 // Where Delta runs beside the k2q inverse, its count (in ws) starts at 0: vsa_backward clears it
 // first, which orders Delta after everything before it on the stream, unless
@@ -65,7 +64,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms = nullptr,
-                  bool delta_count_cleared = false, const kern::LayerGateGrad* gate_grad = nullptr);
+                  bool delta_count_cleared = false);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
 // row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.

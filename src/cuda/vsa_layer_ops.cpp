@@ -5,13 +5,12 @@
 //             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
 //             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
 //             of its own);
-//   backward: dout_c (a pass over dout and gate) -> the coarse backward's q side, then its kv
+//   backward: dgate and dout_c (one pass over dout) -> the coarse backward's q side, then its kv
 //             side, which leave the block means' terms -> the fine VSA backward, which writes dq,
-//             dk and dv with each block's term added (kern::BlockTerms: no pass of its own), and
-//             whose Delta pass also writes dgate (kern::LayerGateGrad).
+//             dk and dv with each block's term added (kern::BlockTerms: no pass of its own).
 // Each call's kernels, the fine branch's included, form one chain of programmatic launches
-// (kernel_images.h), so the fine backward's Delta (with dgate) and the k2q inverse's first kernel
-// run beside the coarse backward: only dout_c, which the coarse backward needs, runs before it. Nothing is read back on the host and nothing synchronizes: the backward's
+// (kernel_images.h), so the fine backward's Delta and the k2q inverse's first kernel run beside the
+// coarse backward. Nothing is read back on the host and nothing synchronizes: the backward's
 // kernels, the fine branch's included, check the reserve's record on the device, and where it is not
 // the record of a forward of this call's problem they write nothing.
 #include <fmt/format.h>
@@ -226,11 +225,13 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   const LaunchChain chain(h.device, h.tuning);
   vsa_backward_clear_delta_count(h, f, fine_ws, stream);
   {
-    // 1. dout_c = the coarse output's gradient.
+    // 1. dgate, and dout_c = the coarse output's gradient.
     kern::LayerGateBackwardParams gp{};
     gp.check = check;
     gp.dout = tensor4(dout);
     gp.gate = optional_tensor4(gate);
+    gp.dgate = optional_tensor4(gate != nullptr ? dgate : nullptr);
+    gp.out_c = reserve_pointer<char>(reserve, r.out_c);
     gp.dout_c = dout_c;
     gp.B = static_cast<int32_t>(f.B);
     gp.Hq = static_cast<int32_t>(f.Hq);
@@ -277,18 +278,10 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
   }
 
-  // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms, and its Delta
-  // pass dgate.
+  // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
-  kern::LayerGateGrad gate_grad{};
-  if (gate != nullptr) {
-    gate_grad.dgate = tensor4(*dgate);
-    gate_grad.out_c = reserve_pointer<char>(reserve, r.out_c);
-    gate_grad.nq = nq;
-  }
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_count_cleared=*/true,
-               &gate_grad);
+               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_count_cleared=*/true);
 }
 
 }  // namespace fva::cuda

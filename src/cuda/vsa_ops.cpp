@@ -190,8 +190,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
-                  void* stream, const kern::BlockTerms* terms, bool delta_count_cleared,
-                  const kern::LayerGateGrad* gate_grad) {
+                  void* stream, const kern::BlockTerms* terms, bool delta_count_cleared) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
@@ -199,7 +198,6 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   set_backward_tensors(a, o, dout, lse, dq, dk, dv, workspace_pointer<float>(ws, plan.delta));
   if (terms != nullptr) a.terms = *terms;
-  if (gate_grad != nullptr) a.gate_grad = *gate_grad;  // written by Delta
 
   kern::InvertParams ip{};
   ip.lists = a.vsa;
