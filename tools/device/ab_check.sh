@@ -50,18 +50,22 @@ fi
 note "build: PASS"
 
 B=${GPU_CHECK_BUILD_DIR:-build-gpu}  # tools/gpu-check's build directory
-if ! timeout 300 $B/tests/test_gpu_ops -tc="$tests" > "$work/tests.log" 2>&1; then
-  note "tests ($tests): FAIL: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/tests.log" | tr '\n' ' ')"
-  finish 1
-fi
-note "tests ($tests): PASS: $(grep -E '^\[doctest\] test cases' "$work/tests.log")"
+# suite LABEL LOG COMMAND...: runs a doctest suite (5 minutes at most), notes its counts, and ends
+# the check when it fails.
+suite() {
+  local label=$1 log=$2
+  shift 2
+  if ! timeout 300 "$@" > "$log" 2>&1; then
+    note "$label: FAIL: $(grep -E '^\[doctest\] (test cases|assertions)' "$log" | tr '\n' ' ')"
+    finish 1
+  fi
+  note "$label: PASS: $(grep -E '^\[doctest\] test cases' "$log")"
+}
+suite "tests ($tests)" "$work/tests.log" $B/tests/test_gpu_ops -tc="$tests"
 if [ -n "${LAYER:-}" ]; then
   for kernels in native portable; do
-    if ! FVATTN_TEST_KERNELS=$kernels timeout 300 $B/tests/test_gpu_vsa_layer > "$work/layer-$kernels.log" 2>&1; then
-      note "layer suite ($kernels): FAIL: $(grep -E '^\[doctest\] (test cases|assertions)' "$work/layer-$kernels.log" | tr '\n' ' ')"
-      finish 1
-    fi
-    note "layer suite ($kernels): PASS: $(grep -E '^\[doctest\] test cases' "$work/layer-$kernels.log")"
+    suite "layer suite ($kernels)" "$work/layer-$kernels.log" \
+      env FVATTN_TEST_KERNELS=$kernels $B/tests/test_gpu_vsa_layer
   done
 fi
 

@@ -9,9 +9,9 @@
 # The SASS itself goes beside it (cuobjdump of the family's fatbin, the kernel's function only).
 #   KERNEL (regex, required), SEQ (default 16384), BENCH_ARGS (the bench's shape options instead
 #   of `--seq SEQ`, e.g. "--ops layer --layer 8,30,52 --heads 12 --topk 26"), NAME (output tag),
-#   TILES (warp-tiles the launch
-#   runs, for the per-tile column; default: the VSA forward's at 25% density: 8 heads x S/64 q
-#   blocks x S/256 kv blocks x 4 warps).
+#   TILES (warp-tiles the launch runs, for the per-tile column; default: the VSA forward's at 25%
+#   density and SEQ: 8 heads x S/64 q blocks x S/256 kv blocks x 4 warps; with BENCH_ARGS give
+#   TILES, or 1 for per-launch counts).
 set -uo pipefail
 B=${BUILD_DIR:-build-gpu}
 OUT=${OUT:-/tmp}
