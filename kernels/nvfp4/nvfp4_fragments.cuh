@@ -6,6 +6,8 @@
 //     each of the 8 quads holds (reduced with column_max).
 #pragma once
 
+#include <type_traits>
+
 #include "primitives/sm80.cuh"
 #include "nvfp4/nvfp4.h"
 
@@ -43,6 +45,11 @@ __device__ __forceinline__ Nvfp4Group nvfp4_block_group_from(const Nvfp4Group& m
 // 2g + 1, i.e. tile j = g), each computes its two groups' scales once, and every lane fetches the
 // 16 it needs from lane 4j + t. The max of |x| is order-independent (NaN ignored either way), so
 // each group's scale is bitwise the one column_max gives.
+// For bf16, the rounding and decode run in bf16x2 arithmetic (e2m1_round_scale_bf16x2: bitwise the
+// fp32 form's for these values, as in the forward's OwnedGroupTileSoftmax): a packed pair holds
+// columns 0 and 1 (or 2 and 3) of a tile, one value of each of the lane's two groups, so lane g's
+// two scales travel as one bf16 pair (exact: E4M3 values), and a tile takes three shuffles and ten
+// instructions per pair instead of four shuffles and fifteen.
 template <typename T>
 __device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][4],
                                                             uint32_t (&a)[4][4]) {
@@ -55,17 +62,30 @@ __device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][
       amax[2 * j + i] = nvfp4_amax_step(nvfp4_amax_step(0.0f, v[j][i]), v[j][2 + i]);
   halving_max<16, 3, 16>(amax);  // lane bits 4, 3, 2: g's bits 2, 1, 0
   const Nvfp4Group mine[2] = {nvfp4_block_group(amax[0]), nvfp4_block_group(amax[1])};
+  if constexpr (std::is_same_v<T, Bf16>) {
+    const uint32_t my_scales = T::pack(mine[0].e4m3, mine[1].e4m3);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int src = 4 * j + (lane & 3);
-    float q[4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const Nvfp4Group grp = nvfp4_block_group_from(mine[i], src);
-      q[i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
-      q[2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
+    for (int j = 0; j < 8; ++j) {
+      const int src = 4 * j + (lane & 3);
+      const uint32_t scale2 = __shfl_sync(0xffffffffu, my_scales, src);
+      const float r0 = __shfl_sync(0xffffffffu, mine[0].reciprocal, src);
+      const float r1 = __shfl_sync(0xffffffffu, mine[1].reciprocal, src);
+      a[j / 2][(j & 1) * 2 + 0] = e2m1_round_scale_bf16x2(v[j][0] * r0, v[j][1] * r1, scale2);
+      a[j / 2][(j & 1) * 2 + 1] = e2m1_round_scale_bf16x2(v[j][2] * r0, v[j][3] * r1, scale2);
     }
-    pack_a_tile<T>(a, j, q);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int src = 4 * j + (lane & 3);
+      float q[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const Nvfp4Group grp = nvfp4_block_group_from(mine[i], src);
+        q[i] = nvfp4_fake_quant_nonneg_block(grp, v[j][i]);
+        q[2 + i] = nvfp4_fake_quant_nonneg_block(grp, v[j][2 + i]);
+      }
+      pack_a_tile<T>(a, j, q);
+    }
   }
 }
 
