@@ -6,7 +6,8 @@
 #   - executed warp instructions per opcode class (what the issue stream is made of), per warp and
 #     per 64-key tile, so that counts compare across kernels and sizes;
 #   - the instructions holding the most stall samples, with their stall reason mix.
-# The SASS itself goes beside it (cuobjdump of the family's fatbin, the kernel's function only).
+# The SASS itself goes beside it (cuobjdump of every family's SASS fatbin, the kernel's function
+# only).
 #   KERNEL (regex, required), SEQ (default 16384), BENCH_ARGS (the bench's shape options instead
 #   of `--seq SEQ`, e.g. "--ops layer --layer 8,30,52 --heads 12 --topk 26"), NAME (output tag),
 #   TILES (warp-tiles the launch runs, for the per-tile column; default: the VSA forward's at 25%
@@ -22,8 +23,10 @@ ncu --clock-control none --kernel-name "regex:${KERNEL:?KERNEL regex}" --launch-
   --section SourceCounters --section WarpStateStats --import-source no -f -o "$OUT/hot-$tag" \
   "$B/tools/fvattn" bench ${BENCH_ARGS:---seq $seq} --iters 1 --warmup 1 --no-sdpa > "$OUT/hot-$tag.err" 2>&1
 ncu -i "$OUT/hot-$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/hot-$tag-sass.csv" 2>>"$OUT/hot-$tag.err"
-for f in "$B"/kernels/fvattn_sm90.fatbin; do
-  cuobjdump --dump-sass "$f" | awk -v k="${KERNEL}" '/Function :/ {on = ($0 ~ k)} on' > "$OUT/hot-$tag.sass"
+: > "$OUT/hot-$tag.sass"
+for f in "$B"/kernels/fvattn_*.fatbin; do  # the SASS images (the _ptx ones hold no SASS)
+  case $f in *_ptx.fatbin) continue ;; esac
+  cuobjdump --dump-sass "$f" | awk -v k="${KERNEL}" '/Function :/ {on = ($0 ~ k)} on' >> "$OUT/hot-$tag.sass"
 done
 python3 - "$OUT/hot-$tag-sass.csv" "${TILES:-$((8 * (seq / 64) * (seq / 256) * 4))}" "$tag" <<'PY'
 import csv, re, sys
