@@ -48,8 +48,9 @@ __device__ __forceinline__ Nvfp4Group nvfp4_block_group_from(const Nvfp4Group& m
 // For bf16, the rounding and decode run in bf16x2 arithmetic (e2m1_round_scale_bf16x2: bitwise the
 // fp32 form's for these values, as in the forward's OwnedGroupTileSoftmax): a packed pair holds
 // columns 0 and 1 (or 2 and 3) of a tile, one value of each of the lane's two groups, so lane g's
-// two scales travel as one bf16 pair (exact: E4M3 values), and a tile takes three shuffles and ten
-// instructions per pair instead of four shuffles and fifteen.
+// two scales travel as one bf16 pair (exact: E4M3 values): per n8 tile three shuffles instead of
+// four, and per pair of values twelve instructions (the products by the reciprocals included)
+// instead of fifteen.
 template <typename T>
 __device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][4],
                                                             uint32_t (&a)[4][4]) {
