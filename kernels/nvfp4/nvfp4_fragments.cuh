@@ -71,8 +71,8 @@ __device__ __forceinline__ void fake_quantize_columns_block(const float (&v)[8][
       const uint32_t scale2 = __shfl_sync(0xffffffffu, my_scales, src);
       const float r0 = __shfl_sync(0xffffffffu, mine[0].reciprocal, src);
       const float r1 = __shfl_sync(0xffffffffu, mine[1].reciprocal, src);
-      a[j / 2][(j & 1) * 2 + 0] = e2m1_round_scale_bf16x2(v[j][0] * r0, v[j][1] * r1, scale2);
-      a[j / 2][(j & 1) * 2 + 1] = e2m1_round_scale_bf16x2(v[j][2] * r0, v[j][3] * r1, scale2);
+      set_a_tile(a, j, e2m1_round_scale_bf16x2(v[j][0] * r0, v[j][1] * r1, scale2),
+                 e2m1_round_scale_bf16x2(v[j][2] * r0, v[j][3] * r1, scale2));
     }
   } else {
 #pragma unroll

@@ -75,13 +75,22 @@ __device__ __forceinline__ void mma_16816<F16>(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Accumulator tile j (n8 tile j of an m16 row block: c[0..1] row g, c[2..3] row g + 8) packed to
-// T as its half of the A fragment of k16 step j / 2 (columns 0-7 of the step for even j, 8-15 for
-// odd j): how a product's output (P, dS) becomes the A operand of the next product.
+// The two 16-bit pairs of accumulator tile j (n8 tile j of an m16 row block: row_g its row g's
+// two values, row_g8 row g + 8's) as their half of the A fragment of k16 step j / 2 (columns 0-7
+// of the step for even j, 8-15 for odd j): how a product's output (P, dS) becomes the A operand of
+// the next product.
+template <int M>
+__device__ __forceinline__ void set_a_tile(uint32_t (&a)[M][4], int j, uint32_t row_g,
+                                           uint32_t row_g8) {
+  a[j / 2][(j & 1) * 2 + 0] = row_g;
+  a[j / 2][(j & 1) * 2 + 1] = row_g8;
+}
+
+// Accumulator tile j (c[0..1] row g, c[2..3] row g + 8) packed to T into the A fragment
+// (set_a_tile).
 template <typename T, int M>
 __device__ __forceinline__ void pack_a_tile(uint32_t (&a)[M][4], int j, const float (&c)[4]) {
-  a[j / 2][(j & 1) * 2 + 0] = T::pack(c[0], c[1]);
-  a[j / 2][(j & 1) * 2 + 1] = T::pack(c[2], c[3]);
+  set_a_tile(a, j, T::pack(c[0], c[1]), T::pack(c[2], c[3]));
 }
 
 // ---- shared memory ----------------------------------------------------------------------------
