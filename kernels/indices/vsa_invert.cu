@@ -326,13 +326,20 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertThreads)
 
 namespace {
 
-// Delta's count (p.delta_done) reaching p.delta_blocks: the VSA backward's Delta, launched before
-// the inverse and running beside it, counts its finished blocks there (portable/attention_backward.cuh),
-// as do the kernels a caller chains beside Delta (the VSA layer's coarse backward). The wait's
-// acquire and fence order what this thread observed before its block's exit, so the dK/dV kernel
-// chained after this one reads a finished Delta (primitives/kernel_chain.cuh).
-__device__ __forceinline__ void wait_for_delta(const InvertParams& p) {
-  fva::dev::wait_for_count(p.delta_done, p.delta_blocks);
+// Returns once `count` reaches `target`: the VSA backward's Delta, launched first and running
+// beside the inverse, counts its finished blocks there (portable/attention_backward.cuh). The
+// acquire pairs with each block's fence before its count, and the fence after it orders what
+// this thread observed before its block's exit, so the dK/dV kernel chained after this one reads
+// a finished Delta. Every block of Delta was resident before the tally, and so this kernel, could
+// launch (the chain's rule, primitives/kernel_chain.cuh), so the wait ends.
+__device__ void wait_for_delta(const int32_t* count, int32_t target) {
+  int32_t seen;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+    if (seen >= target) break;
+    __nanosleep(256);
+  }
+  __threadfence();
 }
 
 // The rank of kv block `kv` among a unit's nkv blocks by descending work, ties by index.
@@ -379,7 +386,7 @@ extern "C" __global__ void fva_vsa_invert_order(const InvertParams p) {
   __syncthreads();
   const int kv = static_cast<int>(blockIdx.x % slices) * blockDim.x + threadIdx.x;
   if (kv < nkv) p.kv_order[kv_unit * nkv + rank_by_work(work, nkv, kv)] = kv;
-  if (p.delta_done != nullptr && threadIdx.x == 0) wait_for_delta(p);
+  if (p.delta_done != nullptr && threadIdx.x == 0) wait_for_delta(p.delta_done, p.delta_blocks);
 }
 
 // Steps 1-3 and the order in one block of kInvertUnitThreads per (b, kv head) unit, for short
@@ -457,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(fva::kern::kInvertUnitThreads)
     for (int kv = threadIdx.x; kv < nkv; kv += blockDim.x)
       p.kv_order[static_cast<int64_t>(blockIdx.x) * nkv + rank_by_work(work, nkv, kv)] = kv;
   if (p.delta_done != nullptr) {
-    if (threadIdx.x == 0) wait_for_delta(p);
+    if (threadIdx.x == 0) wait_for_delta(p.delta_done, p.delta_blocks);
   } else {
     fva::dev::wait_for_prior_kernels();
   }

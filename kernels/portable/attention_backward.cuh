@@ -14,7 +14,6 @@
 #include <math_constants.h>
 
 #include "primitives/block_terms.cuh"
-#include "primitives/kernel_chain.cuh"
 #include "primitives/sm80.cuh"
 #include "shared/kernel_params.h"
 #include "nvfp4/nvfp4_fragments.cuh"
@@ -119,14 +118,10 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
 // The block's addition to Delta's count (AttentionParams::delta_done), made once its rows are
 // written and the kernel has waited for the kernels chained before it.
 __device__ __forceinline__ void count_delta_block(const kern::AttentionParams& p) {
-  if (p.delta_done != nullptr) count_block_done(p.delta_done);
-}
-
-// With p.delta_after set, Delta's rows wait until that count reaches p.delta_after_blocks: the VSA
-// layer's gate pass, which runs before it and moves as many bytes, then has the DRAM to itself, and
-// Delta's own pass runs beside the coarse backward's latency-bound kernels instead.
-__device__ __forceinline__ void wait_for_delta_start(const kern::AttentionParams& p) {
-  if (p.delta_after != nullptr) wait_for_count_in_block(p.delta_after, p.delta_after_blocks);
+  if (p.delta_done == nullptr) return;
+  __threadfence();  // this thread's rows, visible at gpu scope before the count
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(p.delta_done, 1);
 }
 
 // The host sizes Delta's grid by kern::delta_rows_per_warp.

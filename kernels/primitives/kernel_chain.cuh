@@ -14,8 +14,6 @@
 // 12.3), both are no-ops: the stream orders the kernels as usual.
 #pragma once
 
-#include <stdint.h>
-
 namespace fva::dev {
 
 __device__ __forceinline__ void allow_next_kernel() {
@@ -45,41 +43,6 @@ __device__ __forceinline__ void run_beside_prior_kernels(Body&& body) {
   allow_next_kernel();
   body();
   wait_for_prior_kernels();
-}
-
-// ---- counts: one kernel's completion seen by a kernel launched before it finishes ----------------
-// griddepcontrol.wait orders a kernel after the one launched just before it. Where a kernel has to
-// wait for an earlier one while the kernels between them keep running (the VSA layer's backward:
-// its coarse kernels beside Delta), the earlier kernel's blocks add to a count in global memory
-// (zeroed ahead of the call's first kernel) and the waiting blocks read it. A waiting block is
-// always launched after every block it waits for has become resident (each kernel calls
-// allow_next_kernel first), so the wait ends.
-
-// The block's addition to *count, once every thread's writes before it are visible at gpu scope.
-// Every thread of the block calls it.
-__device__ __forceinline__ void count_block_done(int32_t* count) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(count, 1);
-}
-
-// Returns once *count has reached target, with what the counted blocks wrote visible to this
-// thread (acquire). One thread of a block waits; the block's barrier after it passes the writes
-// on to the others (wait_for_count_in_block).
-__device__ __forceinline__ void wait_for_count(const int32_t* count, int32_t target) {
-  int32_t seen;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-    if (seen >= target) break;
-    __nanosleep(256);
-  }
-  __threadfence();
-}
-
-// wait_for_count for every thread of the block.
-__device__ __forceinline__ void wait_for_count_in_block(const int32_t* count, int32_t target) {
-  if (threadIdx.x == 0) wait_for_count(count, target);
-  __syncthreads();
 }
 
 }  // namespace fva::dev

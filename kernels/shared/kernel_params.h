@@ -74,10 +74,6 @@ struct AttentionParams {
   // Set when Delta runs beside the k2q inverse (VSA backward): the count of Delta's blocks that
   // have written their rows, zeroed before the call's first kernel.
   int32_t* delta_done;
-  // Set by the VSA layer's backward: Delta's rows start once this count (the gate pass's finished
-  // blocks) reaches delta_after_blocks (portable/attention_backward.cuh, wait_for_delta_start).
-  const int32_t* delta_after;
-  int32_t delta_after_blocks;
   const float* k_mean;   // QAT smooth_k: [D] fp32 (dtype-rounded), null otherwise
   int32_t B, Hq, Hkv, Sq, Skv;
   float scale;           // softmax scale

@@ -96,9 +96,6 @@ struct LayerGateBackwardParams {
   void* dout_c;       // [B, Hq, nq, D]
   int32_t B, Hq, nq;
   int64_t units;
-  // Not null: each block adds 1 here once its writes are visible (primitives/kernel_chain.cuh's
-  // counts), for the kernels that wait for the pass without following it in the launch chain.
-  int32_t* done;
 };
 
 // The coarse attention's backward for its q side (vsa_layer/coarse_backward.cu), a block per (b, q
@@ -127,14 +124,6 @@ struct LayerCoarseBackwardParams {
   int32_t rows_in_smem;  // the q side's tile rows in dynamic shared memory (as the forward's)
   int32_t stage_rows;    // the q side's chunks of v_c and k_c (as the forward's)
   int32_t kv_chunk_rows;  // the kv side's chunks of q blocks (a multiple of 16)
-  // The launch chain (primitives/kernel_chain.cuh's counts); all null: each side follows the
-  // kernel launched before it. q_side_done: the q side's blocks count here once written. With it,
-  // the kv side waits for q_side_blocks of them instead of for the kernel launched before it (Delta
-  // runs between the two sides), and, with kv_side_done, counts its own blocks there (Delta's
-  // count, which the fine backward's k2q inverse waits for).
-  int32_t* q_side_done;
-  int32_t q_side_blocks;
-  int32_t* kv_side_done;
 };
 
 }  // namespace fva::kern

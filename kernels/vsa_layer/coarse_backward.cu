@@ -13,10 +13,7 @@
 // softmax's backward into dmm (shared memory while the tile's rows fit, then the workspace), dq_c,
 // with v_c and k_c staged a chunk at a time), then the kv side (a block per (b, kv head, 16 kv
 // blocks), the q blocks' rows staged a chunk at a time). Both first check the
-// reserve's record and do nothing when it is not this call's (the outputs stay untouched). Where
-// the layer runs the fine backward's Delta between them, the sides meet through counts
-// (LayerCoarseBackwardParams::q_side_done, enter_kv_side), and the kv side's blocks count in
-// Delta's count, which the fine backward's k2q inverse waits for before dK/dV reads the terms.
+// reserve's record and do nothing when it is not this call's (the outputs stay untouched).
 #include "vsa_layer/coarse_tiles.cuh"
 
 namespace fva::dev::layer {
@@ -82,18 +79,6 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
                             const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
                             dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));
                           });
-}
-
-// The kv side's place in the launch chain: after the q side, which either is the kernel launched
-// just before it or, where Delta runs between the two (the layer's backward with Delta's count),
-// counts its blocks in p.q_side_done.
-__device__ __forceinline__ void enter_kv_side(const kern::LayerCoarseBackwardParams& p) {
-  if (p.q_side_done == nullptr) {
-    enter_kernel_chain();
-    return;
-  }
-  allow_next_kernel();
-  wait_for_count_in_block(p.q_side_done, p.q_side_blocks);
 }
 
 // The terms of dv_c and dk_c of 16 kv blocks (one m16 row block of attnᵀ and dmmᵀ): for each q
@@ -189,13 +174,11 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
       fva_layer_coarse_bwd_q_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {   \
     fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
     fva::dev::layer::coarse_backward_q<T, D>(p);                                               \
-    if (p.q_side_done != nullptr) fva::dev::count_block_done(p.q_side_done);                   \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
       fva_layer_coarse_bwd_kv_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {  \
-    fva::dev::layer::enter_kv_side(p);                                                         \
+    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
     fva::dev::layer::coarse_backward_kv<T, D>(p);                                              \
-    if (p.kv_side_done != nullptr) fva::dev::count_block_done(p.kv_side_done);                 \
   }
 FVA_LAYER_COARSE_BACKWARD(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_COARSE_BACKWARD(bf16, fva::dev::Bf16, 128)

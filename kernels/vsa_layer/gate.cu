@@ -112,7 +112,6 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
       fva_layer_gate_bwd_##dtype##_d##D(const fva::kern::LayerGateBackwardParams p) {         \
     fva::dev::enter_kernel_chain();                                                            \
     fva::dev::layer::gate_backward<T, D>(p);                                                   \
-    if (p.done != nullptr) fva::dev::count_block_done(p.done);                                 \
   }
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 128)

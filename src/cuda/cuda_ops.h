@@ -6,8 +6,6 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
-#include <functional>
 
 #include "shared/kernel_params.h"
 #include "core/problems.h"
@@ -53,42 +51,20 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 // block means' terms its kernels add to every row of dq, dk and dv, and the reserve record they
 // check before writing (kern::BlockTerms).
 //
-// Where Delta runs beside the k2q inverse, it counts its finished blocks in ws, and the inverse's
-// last kernel waits for the count before dK/dV reads Delta (primitives/kernel_chain.cuh's counts).
-// vsa_backward zeroes its counts first, which orders Delta after everything before it on the
-// stream, unless `beside` says the caller ran vsa_backward_clear_counts on this ws (and stream)
-// before the kernels it launched ahead of vsa_backward: Delta then runs beside the last of them
-// and the kernels `beside` launches after it (the VSA layer's coarse backward).
+// Where Delta runs beside the k2q inverse, its count (in ws) starts at 0: vsa_backward clears it
+// first, which orders Delta after everything before it on the stream, unless
+// delta_count_cleared says the caller ran vsa_backward_clear_delta_count on this ws (and stream)
+// before the kernels it launched ahead of vsa_backward; Delta then runs beside the last of them
+// (the VSA layer's coarse backward), and its count still follows their completion.
 size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p);
-
-// The backward's counts in ws (kVsaBackwardCounts words, zeroed by vsa_backward_clear_counts):
-// word 0 is Delta's, the rest are free for the kernels a caller chains around Delta. Null where the
-// backward keeps no count (its Delta then follows the inverse, and `beside` is not used).
-constexpr int kVsaBackwardCounts = 3;
-int32_t* vsa_backward_counts(const fva_handle& h, const VsaProblem& p, void* ws);
-void vsa_backward_clear_counts(const fva_handle& h, const VsaProblem& p, void* ws, void* stream);
-
-// The kernels a caller chains into the VSA backward around its Delta (the layer's coarse
-// backward, whose latency-bound kernels then hide Delta's pass over memory).
-struct BesideDelta {
-  // Delta's rows start once *start_count reaches start_blocks (the layer's gate pass, so that the
-  // two passes over memory do not share the DRAM); null: at once.
-  const int32_t* start_count = nullptr;
-  int32_t start_blocks = 0;
-  // Delta's blocks per SM: those that stay resident beside the caller's kernels.
-  unsigned delta_blocks_per_sm = 0;
-  // Launches the kernels chained right after Delta, given Delta's count; returns how many of their
-  // blocks add 1 to it once their writes are visible (the inverse waits for those too).
-  std::function<int32_t(int32_t* delta_count)> launch_after_delta;
-};
-
+void vsa_backward_clear_delta_count(const fva_handle& h, const VsaProblem& p, void* ws, void* stream);
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms = nullptr,
-                  const BesideDelta* beside = nullptr);
+                  bool delta_count_cleared = false);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
 // row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.

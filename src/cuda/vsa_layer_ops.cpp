@@ -9,8 +9,8 @@
 //             side, which leave the block means' terms -> the fine VSA backward, which writes dq,
 //             dk and dv with each block's term added (kern::BlockTerms: no pass of its own).
 // Each call's kernels, the fine branch's included, form one chain of programmatic launches
-// (kernel_images.h); in the backward the fine branch's Delta runs between the coarse backward's
-// two sides, beside both, and the k2q inverse's first kernel beside the kv side. Nothing is read back on the host and nothing synchronizes: the backward's
+// (kernel_images.h), so the fine backward's Delta and the k2q inverse's first kernel run beside the
+// coarse backward. Nothing is read back on the host and nothing synchronizes: the backward's
 // kernels, the fine branch's included, check the reserve's record on the device, and where it is not
 // the record of a forward of this call's problem they write nothing.
 #include <fmt/format.h>
@@ -26,11 +26,6 @@
 
 namespace fva::cuda {
 namespace {
-
-// Delta's blocks per SM beside the coarse backward's kernels (their 512-thread blocks take half of
-// an SM's registers each, Delta's a sixteenth): three, so that every block of Delta finds room
-// beside the q side's blocks, which a few SMs hold two of, and starts with the others.
-constexpr unsigned kDeltaBesideCoarseBlocksPerSm = 3;
 
 KernelName kernel_name(const char* op, const VsaProblem& f) {
   return KernelName("fva_layer_", op, "_", dtype_suffix(f.dtype), "_d", f.D);
@@ -225,94 +220,68 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   void* const dk_term = workspace_pointer<char>(ws, plan.dk_term);
   void* const dv_term = workspace_pointer<char>(ws, plan.dv_term);
   void* const fine_ws = workspace_pointer<char>(ws, plan.backward_fine);
-  // The call's kernels, the fine branch's included, chained (kernel_images.h), in one of two orders.
-  // Where the fine backward counts Delta's blocks (counts not null), the gate pass runs alone (it
-  // has the DRAM to itself), then the coarse backward's q side, Delta (its rows starting once the
-  // gate's blocks are counted) and the kv side, so that Delta's pass over memory runs beside the
-  // two latency-bound coarse kernels; the kv side waits for the q side's count, and its blocks add
-  // to Delta's, which the fine backward's k2q inverse waits for before dK/dV adds the terms.
-  // Otherwise each kernel follows the one before it: gate, q side, kv side, the fine backward.
-  // The counts start at 0 ahead of every kernel of the call.
-  int32_t* const counts = vsa_backward_counts(h, f, fine_ws);
-  int32_t* const gate_done = counts != nullptr ? counts + 1 : nullptr;
-  int32_t* const q_side_done = counts != nullptr ? counts + 2 : nullptr;
+  // The call's kernels, the fine branch's included, chained (kernel_images.h). The fine backward's
+  // Delta count is cleared ahead of them all, so that its Delta runs beside the coarse backward.
   const LaunchChain chain(h.device, h.tuning);
-  vsa_backward_clear_counts(h, f, fine_ws, stream);
-  // 1. dgate, and dout_c = the coarse output's gradient.
-  kern::LayerGateBackwardParams gp{};
-  gp.check = check;
-  gp.dout = tensor4(dout);
-  gp.gate = optional_tensor4(gate);
-  gp.dgate = optional_tensor4(gate != nullptr ? dgate : nullptr);
-  gp.out_c = reserve_pointer<char>(reserve, r.out_c);
-  gp.dout_c = dout_c;
-  gp.B = static_cast<int32_t>(f.B);
-  gp.Hq = static_cast<int32_t>(f.Hq);
-  gp.nq = nq;
-  gp.units = plan.gate_units;
-  gp.done = gate_done;
-  Launch gl;
-  gl.grid_x = plan.gate_backward_blocks;
-  gl.block = 128;
-  launch("layer", kernel_name("gate_bwd", f).c_str(), h.device, gl, stream, gp);
+  vsa_backward_clear_delta_count(h, f, fine_ws, stream);
+  {
+    // 1. dgate, and dout_c = the coarse output's gradient.
+    kern::LayerGateBackwardParams gp{};
+    gp.check = check;
+    gp.dout = tensor4(dout);
+    gp.gate = optional_tensor4(gate);
+    gp.dgate = optional_tensor4(gate != nullptr ? dgate : nullptr);
+    gp.out_c = reserve_pointer<char>(reserve, r.out_c);
+    gp.dout_c = dout_c;
+    gp.B = static_cast<int32_t>(f.B);
+    gp.Hq = static_cast<int32_t>(f.Hq);
+    gp.nq = nq;
+    gp.units = plan.gate_units;
+    Launch l;
+    l.grid_x = plan.gate_backward_blocks;
+    l.block = 128;
+    launch("layer", kernel_name("gate_bwd", f).c_str(), h.device, l, stream, gp);
 
-  // 2-3. The coarse attention's backward: its q side, then its kv side.
-  kern::LayerCoarseBackwardParams cp{};
-  cp.check = check;
-  cp.q_c = reserve_pointer<char>(reserve, r.q_c);
-  cp.k_c = reserve_pointer<char>(reserve, r.k_c);
-  cp.v_c = reserve_pointer<char>(reserve, r.v_c);
-  cp.attn = reserve_pointer<char>(reserve, r.attn);
-  cp.dout_c = dout_c;
-  cp.dmm = dmm;
-  cp.dq_term = dq_term;
-  cp.dk_term = dk_term;
-  cp.dv_term = dv_term;
-  cp.q_sizes = static_cast<const int32_t*>(q_block_sizes.data);
-  cp.q_sizes_stride = q_block_sizes.strides[0];
-  cp.kv_sizes = static_cast<const int32_t*>(kv_block_sizes.data);
-  cp.kv_sizes_stride = kv_block_sizes.strides[0];
-  cp.B = static_cast<int32_t>(f.B);
-  cp.Hq = static_cast<int32_t>(f.Hq);
-  cp.Hkv = static_cast<int32_t>(f.Hkv);
-  cp.nq = nq;
-  cp.nkv = nkv;
-  cp.scale = f.scale;
-  cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
-  cp.stage_rows = plan.coarse.stage_rows;
-  cp.kv_chunk_rows = plan.coarse.kv_chunk_rows;
-  Launch ql;
-  ql.grid_x = plan.coarse_q_tiles;
-  ql.grid_y = static_cast<unsigned>(f.B * f.Hq);
-  ql.block = kern::kLayerCoarseThreads;
-  ql.smem = static_cast<size_t>(plan.coarse.q_side_bytes);
-  Launch kl = ql;
-  kl.grid_x = plan.coarse_kv_tiles;
-  kl.grid_y = static_cast<unsigned>(f.B * f.Hkv);
-  kl.smem = static_cast<size_t>(plan.coarse.kv_side_bytes);
-  cp.q_side_done = q_side_done;
-  cp.q_side_blocks = static_cast<int32_t>(ql.grid_x * ql.grid_y);
-  launch("layer", kernel_name("coarse_bwd_q", f).c_str(), h.device, ql, stream, cp);
-  auto launch_kv_side = [&](int32_t* delta_count) {
-    cp.kv_side_done = delta_count;
-    launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, kl, stream, cp);
-    return static_cast<int32_t>(kl.grid_x * kl.grid_y);
-  };
-
-  // 4. The fine branch's backward, writing dq, dk and dv with the block means' terms.
-  const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
-  BesideDelta beside;
-  if (counts != nullptr) {
-    beside.start_count = gate_done;
-    beside.start_blocks = static_cast<int32_t>(gl.grid_x);
-    beside.delta_blocks_per_sm = kDeltaBesideCoarseBlocksPerSm;
-    beside.launch_after_delta = launch_kv_side;
-  } else {
-    launch_kv_side(nullptr);
+    // 2-3. The coarse attention's backward: its q side, then its kv side.
+    kern::LayerCoarseBackwardParams cp{};
+    cp.check = check;
+    cp.q_c = reserve_pointer<char>(reserve, r.q_c);
+    cp.k_c = reserve_pointer<char>(reserve, r.k_c);
+    cp.v_c = reserve_pointer<char>(reserve, r.v_c);
+    cp.attn = reserve_pointer<char>(reserve, r.attn);
+    cp.dout_c = dout_c;
+    cp.dmm = dmm;
+    cp.dq_term = dq_term;
+    cp.dk_term = dk_term;
+    cp.dv_term = dv_term;
+    cp.q_sizes = static_cast<const int32_t*>(q_block_sizes.data);
+    cp.q_sizes_stride = q_block_sizes.strides[0];
+    cp.kv_sizes = static_cast<const int32_t*>(kv_block_sizes.data);
+    cp.kv_sizes_stride = kv_block_sizes.strides[0];
+    cp.B = static_cast<int32_t>(f.B);
+    cp.Hq = static_cast<int32_t>(f.Hq);
+    cp.Hkv = static_cast<int32_t>(f.Hkv);
+    cp.nq = nq;
+    cp.nkv = nkv;
+    cp.scale = f.scale;
+    cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
+    cp.stage_rows = plan.coarse.stage_rows;
+    cp.kv_chunk_rows = plan.coarse.kv_chunk_rows;
+    l.grid_x = plan.coarse_q_tiles;
+    l.grid_y = static_cast<unsigned>(f.B * f.Hq);
+    l.block = kern::kLayerCoarseThreads;
+    l.smem = static_cast<size_t>(plan.coarse.q_side_bytes);
+    launch("layer", kernel_name("coarse_bwd_q", f).c_str(), h.device, l, stream, cp);
+    l.grid_x = plan.coarse_kv_tiles;
+    l.grid_y = static_cast<unsigned>(f.B * f.Hkv);
+    l.smem = static_cast<size_t>(plan.coarse.kv_side_bytes);
+    launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
   }
+
+  // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
+  const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms,
-               counts != nullptr ? &beside : nullptr);
+               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_count_cleared=*/true);
 }
 
 }  // namespace fva::cuda

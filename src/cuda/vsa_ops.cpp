@@ -179,14 +179,10 @@ size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p) {
   return plan_vsa_backward(h, p).workspace_bytes;
 }
 
-int32_t* vsa_backward_counts(const fva_handle& h, const VsaProblem& p, void* ws) {
+void vsa_backward_clear_delta_count(const fva_handle& h, const VsaProblem& p, void* ws, void* stream) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
-  return plan.orders_kv_blocks ? workspace_pointer<int32_t>(ws, plan.counts) : nullptr;
-}
-
-void vsa_backward_clear_counts(const fva_handle& h, const VsaProblem& p, void* ws, void* stream) {
-  int32_t* const counts = vsa_backward_counts(h, p, ws);
-  if (counts != nullptr) memset_words(counts, 0, kVsaBackwardCounts, stream, "the backward's counts");
+  if (plan.orders_kv_blocks)
+    memset_words(workspace_pointer<int32_t>(ws, plan.delta_done), 0, 1, stream, "Delta's count");
 }
 
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
@@ -194,11 +190,11 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
-                  void* stream, const kern::BlockTerms* terms, const BesideDelta* beside) {
+                  void* stream, const kern::BlockTerms* terms, bool delta_count_cleared) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
-  int32_t* const delta_done = workspace_pointer<int32_t>(ws, plan.counts);
+  int32_t* const delta_done = workspace_pointer<int32_t>(ws, plan.delta_done);
   kern::AttentionParams a = attention_params(p, q, k, v, q2k_idx, q2k_num, block_sizes);
   set_backward_tensors(a, o, dout, lse, dq, dk, dv, workspace_pointer<float>(ws, plan.delta));
   if (terms != nullptr) a.terms = *terms;
@@ -213,20 +209,12 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
     // latency-bound): the inverse's last kernel (the block order, or fva_vsa_invert_unit, which
     // orders too) holds its exit until Delta's count is full, so the dK/dV kernel chained after
     // it reads a finished Delta (indices/vsa_invert.cu).
-    // With `beside`, the caller's kernels chained after Delta add to its count too.
-    if (beside == nullptr) memset_words(delta_done, 0, kVsaBackwardCounts, stream, "the backward's counts");
+    if (!delta_count_cleared) memset_words(delta_done, 0, 1, stream, "Delta's count");
     kern::AttentionParams counted = a;
     counted.delta_done = delta_done;
-    unsigned per_sm = kDeltaBesideBlocksPerSm;
-    if (beside != nullptr) {
-      counted.delta_after = beside->start_count;
-      counted.delta_after_blocks = beside->start_blocks;
-      if (beside->delta_blocks_per_sm > 0) per_sm = beside->delta_blocks_per_sm;
-    }
     ip.delta_done = delta_done;
-    ip.delta_blocks = static_cast<int32_t>(
-        launch_delta(h, counted, p.D, q.dtype, stream, per_sm * static_cast<unsigned>(h.device.sm_count)));
-    if (beside != nullptr && beside->launch_after_delta) ip.delta_blocks += beside->launch_after_delta(delta_done);
+    ip.delta_blocks = static_cast<int32_t>(launch_delta(
+        h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
     // dK/dV's blocks longest list first (fva_vsa_invert_order): the grid's tail is then its
     // shortest blocks.
     ip.kv_order = kv_order;

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "cuda_ops.h"  // kVsaBackwardCounts
-
 namespace fva::cuda {
 namespace {
 
@@ -42,8 +40,7 @@ VsaBackwardPlan plan_vsa_backward(const fva_handle& h, const VsaProblem& p) {
   plan.inverse = add_inverse(p.B * p.Hq, p.num_q_blocks, p.num_kv_blocks, p.max_k, layout);
   if (plan.orders_kv_blocks) {
     plan.kv_order = layout.add<int32_t>(static_cast<size_t>(p.B * p.Hkv * p.num_kv_blocks));
-    // Delta's count, which the order waits for, and the caller's (cuda_ops.h, vsa_backward_counts).
-    plan.counts = layout.add<int32_t>(kVsaBackwardCounts);
+    plan.delta_done = layout.add<int32_t>(1);  // the order waits for Delta's count
   }
   if (plan.ds_chunks.kv_units_per_chunk > 0) plan.ds_tiles = layout.add<char>(plan.ds_chunks.bytes);
   plan.workspace_bytes = layout.bytes();

@@ -41,7 +41,7 @@ struct VsaBackwardPlan {
   bool dkdv_units_first = false;
   WorkspaceRegion delta;
   VsaInverseRegions inverse;
-  WorkspaceRegion kv_order, counts, ds_tiles;
+  WorkspaceRegion kv_order, delta_done, ds_tiles;
   size_t workspace_bytes = 0;
 };
 VsaBackwardPlan plan_vsa_backward(const fva_handle& h, const VsaProblem& p);
