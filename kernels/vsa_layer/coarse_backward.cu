@@ -108,6 +108,10 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   const bool owns = warp < D / 8;
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn);
   const uint16_t* dmm = static_cast<const uint16_t*>(p.dmm);
+  // Where the block's 16 columns all exist and every row of attn and dmm starts 16-byte aligned
+  // (nkv a multiple of 8), the windows come by cp.async with the rows; else element by element.
+  const bool windows_by_copy = cols == kRows && nkv % 8 == 0 &&
+                               ((reinterpret_cast<uintptr_t>(attn) | reinterpret_cast<uintptr_t>(dmm)) & 15) == 0;
   float acc_v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_k[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
@@ -116,14 +120,26 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
       __syncthreads();  // the previous chunk is consumed
       copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0, count, xo);
       copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0, count, xq);
+      if (windows_by_copy) {
+        // A window row's 16 columns: two 16-byte words of each matrix, copied with the rows.
+        for (int w = threadIdx.x; w < count * 2; w += kThreads) {
+          const int ii = w >> 1, half = w & 1;
+          const bool in = i0 + ii < nq;
+          const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
+          cp_async_16(smem_address(wa + ii * kRows + 8 * half), attn + at, in);
+          cp_async_16(smem_address(wd + ii * kRows + 8 * half), dmm + at, in);
+        }
+      }
       cp_async_commit();
+      if (!windows_by_copy) {
 #pragma unroll 4
-      for (int e = threadIdx.x; e < count * kRows; e += kThreads) {
-        const int ii = e / kRows, jj = e % kRows;
-        const bool in = i0 + ii < nq && jj < cols;
-        const int64_t at = (q_row0 + i0 + ii) * nkv + j0 + jj;
-        wa[e] = in ? attn[at] : uint16_t{0};
-        wd[e] = in ? dmm[at] : uint16_t{0};
+        for (int e = threadIdx.x; e < count * kRows; e += kThreads) {
+          const int ii = e / kRows, jj = e % kRows;
+          const bool in = i0 + ii < nq && jj < cols;
+          const int64_t at = (q_row0 + i0 + ii) * nkv + j0 + jj;
+          wa[e] = in ? attn[at] : uint16_t{0};
+          wd[e] = in ? dmm[at] : uint16_t{0};
+        }
       }
       cp_async_wait<0>();
       __syncthreads();

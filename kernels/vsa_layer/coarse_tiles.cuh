@@ -138,11 +138,14 @@ struct TileRows {
   __device__ __forceinline__ uint16_t* row(int r) const { return base + r * pitch; }
   // Zeros over the columns n .. pitch - 1 of every row and all of rows `rows` .. 15 (shared
   // memory only; the products write and read the rest).
+  // A warp per row, the lanes over its columns (in shared memory the pitch fits an int).
   __device__ __forceinline__ void zero_padding(int rows) const {
     if (!in_smem) return;
-    for (int64_t e = threadIdx.x; e < kRows * pitch; e += kThreads) {
-      const int64_t r = e / pitch, j = e % pitch;
-      if (r >= rows || j >= n) base[e] = 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int p = static_cast<int>(pitch), cols = static_cast<int>(n);
+    for (int r = warp; r < kRows; r += kWarps) {
+      uint16_t* const row = base + r * p;
+      for (int j = (r < rows ? cols : 0) + lane; j < p; j += 32) row[j] = 0;
     }
   }
   // A warp per row, the lanes over its columns.
