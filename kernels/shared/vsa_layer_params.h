@@ -96,6 +96,11 @@ struct LayerGateBackwardParams {
   void* dout_c;       // [B, Hq, nq, D]
   int32_t B, Hq, nq;
   int64_t units;
+  // Not null: the fine backward's Delta (fp32 [B, Hq, nq * 64], its workspace's) from out_s
+  // ([B, Hq, nq * 64, D], contiguous, the reserve's) and dout, which the fine backward then takes
+  // as written.
+  const void* out_s;
+  float* delta;
 };
 
 // The coarse attention's backward for its q side (vsa_layer/coarse_backward.cu), a block per (b, q

@@ -5,7 +5,9 @@
 //     pass into its epilogue for the layer (sm90/fused_layer_gate.cuh), so it runs after the
 //     portable fine forward only;
 //   - backward, gate: dgate = dtype(dout * out_c[block]) and dout_c[i] = dtype(Σ over block i's 64
-//     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order;
+//     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order; and, since it
+//     reads dout anyway, the fine backward's Delta = rowsum(out_s * dout) (fp32), so that the
+//     fine backward needs no pass of its own over dout;
 // (The block means' backward takes no pass of its own: the fine branch's backward adds each block's
 // term as it writes dq, dk and dv, kern::BlockTerms.)
 // A unit of work is one 64-slot block of one (b, h). Both passes move 16 bytes a thread (the API
@@ -67,15 +69,23 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
   const uint16_t* dout = row_of(p.dout, b, h, s0) + 8 * c;
   const uint16_t* gate = gated ? row_of(p.gate, b, h, s0) + 8 * c : nullptr;
   uint16_t* dgate = gated ? mutable_row_of(p.dgate, b, h, s0) + 8 * c : nullptr;
+  // The fine backward's Delta of the unit's 64 rows, where asked: out_s (contiguous) and its rows.
+  const bool with_delta = p.delta != nullptr;
+  const uint4* out_s =
+      with_delta ? reinterpret_cast<const uint4*>(p.out_s) + (bh * p.nq + i) * 64 * (D / 8) + c : nullptr;
+  float* delta = with_delta ? p.delta + (bh * p.nq + i) * 64 : nullptr;
+  // The unit's lanes: an aligned group of kThreadsPerUnit in the warp, for the rows' sums.
+  const unsigned unit_lanes = ((1u << kThreadsPerUnit) - 1u) << ((threadIdx.x & 31) & ~(kThreadsPerUnit - 1));
   float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   constexpr int kBatch = 4;  // slots whose loads are in flight together
   for (int r0 = 0; r0 < 64; r0 += kBatch) {
-    uint4 wd[kBatch], wg[kBatch];
+    uint4 wd[kBatch], wg[kBatch], wo[kBatch];
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
       wd[r] = *reinterpret_cast<const uint4*>(dout + (r0 + r) * p.dout.stride_s);
       wg[r] = gated ? *reinterpret_cast<const uint4*>(gate + (r0 + r) * p.gate.stride_s)
                     : make_uint4(0u, 0u, 0u, 0u);
+      wo[r] = with_delta ? out_s[(r0 + r) * (D / 8)] : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int r = 0; r < kBatch; ++r) {
@@ -93,6 +103,20 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) sum[e] += d[e];
+      }
+      if (with_delta) {
+        // Delta = rowsum(out_s * dout) in fp32 as the Delta kernel sums a row
+        // (portable/attention_backward.cuh): each lane's 8 columns in order, then the butterfly
+        // over the row's lanes, so the fine backward gets the same bits either way.
+        float o[8];
+        unpack8<T>(wo[r], o);
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) row_sum = fmaf(o[e], d[e], row_sum);
+#pragma unroll
+        for (int off = kThreadsPerUnit / 2; off > 0; off >>= 1)
+          row_sum += __shfl_xor_sync(unit_lanes, row_sum, off);
+        if (c == 0) delta[r0 + r] = row_sum;
       }
     }
   }

@@ -51,20 +51,19 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 // block means' terms its kernels add to every row of dq, dk and dv, and the reserve record they
 // check before writing (kern::BlockTerms).
 //
-// Where Delta runs beside the k2q inverse, its count (in ws) starts at 0: vsa_backward clears it
-// first, which orders Delta after everything before it on the stream, unless
-// delta_count_cleared says the caller ran vsa_backward_clear_delta_count on this ws (and stream)
-// before the kernels it launched ahead of vsa_backward; Delta then runs beside the last of them
-// (the VSA layer's coarse backward), and its count still follows their completion.
+// delta_written: Delta = rowsum(o * dout) is already in ws's Delta region (vsa_backward_delta,
+// fp32 [B, Hq, Sq]), written by a kernel earlier in the call's launch chain (the VSA layer's gate
+// pass, which reads dout anyway), with the bits the Delta kernel computes; the backward then runs
+// no Delta of its own.
 size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p);
-void vsa_backward_clear_delta_count(const fva_handle& h, const VsaProblem& p, void* ws, void* stream);
+float* vsa_backward_delta(const fva_handle& h, const VsaProblem& p, void* ws);
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                   const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& o,
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms = nullptr,
-                  bool delta_count_cleared = false);
+                  bool delta_written = false);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
 // row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.

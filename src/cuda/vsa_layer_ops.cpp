@@ -5,12 +5,12 @@
 //             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
 //             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
 //             of its own);
-//   backward: dgate and dout_c (one pass over dout) -> the coarse backward's q side, then its kv
-//             side, which leave the block means' terms -> the fine VSA backward, which writes dq,
-//             dk and dv with each block's term added (kern::BlockTerms: no pass of its own).
+//   backward: dgate, dout_c and the fine backward's Delta (one pass over dout) -> the coarse
+//             backward's q side, then its kv side, which leave the block means' terms -> the fine
+//             VSA backward, which writes dq, dk and dv with each block's term added
+//             (kern::BlockTerms: no pass of its own).
 // Each call's kernels, the fine branch's included, form one chain of programmatic launches
-// (kernel_images.h), so the fine backward's Delta and the k2q inverse's first kernel run beside the
-// coarse backward. Nothing is read back on the host and nothing synchronizes: the backward's
+// (kernel_images.h), so the k2q inverse's kernels run beside the coarse backward. Nothing is read back on the host and nothing synchronizes: the backward's
 // kernels, the fine branch's included, check the reserve's record on the device, and where it is not
 // the record of a forward of this call's problem they write nothing.
 #include <fmt/format.h>
@@ -220,12 +220,10 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   void* const dk_term = workspace_pointer<char>(ws, plan.dk_term);
   void* const dv_term = workspace_pointer<char>(ws, plan.dv_term);
   void* const fine_ws = workspace_pointer<char>(ws, plan.backward_fine);
-  // The call's kernels, the fine branch's included, chained (kernel_images.h). The fine backward's
-  // Delta count is cleared ahead of them all, so that its Delta runs beside the coarse backward.
+  // The call's kernels, the fine branch's included, chained (kernel_images.h).
   const LaunchChain chain(h.device, h.tuning);
-  vsa_backward_clear_delta_count(h, f, fine_ws, stream);
   {
-    // 1. dgate, and dout_c = the coarse output's gradient.
+    // 1. dgate, dout_c = the coarse output's gradient, and the fine backward's Delta.
     kern::LayerGateBackwardParams gp{};
     gp.check = check;
     gp.dout = tensor4(dout);
@@ -237,6 +235,8 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     gp.Hq = static_cast<int32_t>(f.Hq);
     gp.nq = nq;
     gp.units = plan.gate_units;
+    gp.out_s = fine.out_s.data;
+    gp.delta = vsa_backward_delta(h, f, fine_ws);
     Launch l;
     l.grid_x = plan.gate_backward_blocks;
     l.block = 128;
@@ -281,7 +281,7 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_count_cleared=*/true);
+               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_written=*/true);
 }
 
 }  // namespace fva::cuda

@@ -179,10 +179,8 @@ size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p) {
   return plan_vsa_backward(h, p).workspace_bytes;
 }
 
-void vsa_backward_clear_delta_count(const fva_handle& h, const VsaProblem& p, void* ws, void* stream) {
-  const VsaBackwardPlan plan = plan_vsa_backward(h, p);
-  if (plan.orders_kv_blocks)
-    memset_words(workspace_pointer<int32_t>(ws, plan.delta_done), 0, 1, stream, "Delta's count");
+float* vsa_backward_delta(const fva_handle& h, const VsaProblem& p, void* ws) {
+  return workspace_pointer<float>(ws, plan_vsa_backward(h, p).delta);
 }
 
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
@@ -190,7 +188,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
-                  void* stream, const kern::BlockTerms* terms, bool delta_count_cleared) {
+                  void* stream, const kern::BlockTerms* terms, bool delta_written) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
@@ -208,13 +206,16 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
     // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
     // latency-bound): the inverse's last kernel (the block order, or fva_vsa_invert_unit, which
     // orders too) holds its exit until Delta's count is full, so the dK/dV kernel chained after
-    // it reads a finished Delta (indices/vsa_invert.cu).
-    if (!delta_count_cleared) memset_words(delta_done, 0, 1, stream, "Delta's count");
-    kern::AttentionParams counted = a;
-    counted.delta_done = delta_done;
-    ip.delta_done = delta_done;
-    ip.delta_blocks = static_cast<int32_t>(launch_delta(
-        h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
+    // it reads a finished Delta (indices/vsa_invert.cu). Written earlier in the chain, Delta
+    // needs no count: the inverse's kernels wait for the kernels before them as usual.
+    if (!delta_written) {
+      memset_words(delta_done, 0, 1, stream, "Delta's count");
+      kern::AttentionParams counted = a;
+      counted.delta_done = delta_done;
+      ip.delta_done = delta_done;
+      ip.delta_blocks = static_cast<int32_t>(launch_delta(
+          h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
+    }
     // dK/dV's blocks longest list first (fva_vsa_invert_order): the grid's tail is then its
     // shortest blocks.
     ip.kv_order = kv_order;
@@ -227,7 +228,8 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   a.vsa.inv_offsets = inverse.offsets;
   a.vsa.inv_entries = inverse.entries;
   a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
-  if (!plan.orders_kv_blocks) launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
+  if (!plan.orders_kv_blocks && !delta_written)
+    launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
 
   kern::Sm90BackwardParams native;
   if (plan.family == KernelFamily::kSm90 && sm90_encode_backward(a, p.D, &native)) {
