@@ -89,11 +89,15 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
       for (int u = 0; u < kDeltaUnroll; ++u) {
         const uint32_t ow[4] = {ov[u].x, ov[u].y, ov[u].z, ov[u].w};
         const uint32_t dw[4] = {dv[u].x, dv[u].y, dv[u].z, dv[u].w};
+        float of[8], df[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          sum[u] = fmaf(T::low(ow[i]), T::low(dw[i]), sum[u]);
-          sum[u] = fmaf(T::high(ow[i]), T::high(dw[i]), sum[u]);
+          of[2 * i] = T::low(ow[i]);
+          of[2 * i + 1] = T::high(ow[i]);
+          df[2 * i] = T::low(dw[i]);
+          df[2 * i + 1] = T::high(dw[i]);
         }
+        sum[u] = dot8(of, df);
       }
     } else {
 #pragma unroll
@@ -107,9 +111,7 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
     // Every lane takes part (rows past the end add zeros): the row's lanes are a power-of-two group.
 #pragma unroll
     for (int u = 0; u < kDeltaUnroll; ++u) {
-#pragma unroll
-      for (int off = kLanesPerRow / 2; off > 0; off >>= 1)
-        sum[u] += __shfl_xor_sync(0xffffffffu, sum[u], off);
+      sum[u] = lane_group_sum<kLanesPerRow>(sum[u]);
       if (row[u] < rows && lane % kLanesPerRow == 0) p.delta[row[u]] = sum[u];
     }
   }

@@ -152,6 +152,16 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// acc + Σ o[e]·d[e] over 8 values, fp32 fused multiply-adds in element order: a lane's share of a
+// row of the backward's Delta, which the Delta kernel (portable/attention_backward.cuh) and the VSA
+// layer's gate pass (vsa_layer/gate.cu) both sum this way, then over the row's lanes
+// (lane_group_sum), so their bits agree.
+__device__ __forceinline__ float dot8(const float (&o)[8], const float (&d)[8], float acc = 0.0f) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc = fmaf(o[e], d[e], acc);
+  return acc;
+}
+
 // ---- warp reductions --------------------------------------------------------------------------
 
 // Max / sum over the 4 lanes of a quad (the lanes that share an accumulator row).
@@ -162,6 +172,15 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+// Sum over an aligned group of kLanes lanes (a power of two), by the butterfly from the widest
+// step down: every lane of the group gets the same bits. mask: the warp's lanes that take part, in
+// whole groups.
+template <int kLanes>
+__device__ __forceinline__ float lane_group_sum(float x, unsigned mask = 0xffffffffu) {
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) x += __shfl_xor_sync(mask, x, off);
+  return x;
 }
 // Max over the 8 lanes with the same t (the lanes that share an accumulator column).
 __device__ __forceinline__ float column_max(float x) {

@@ -105,17 +105,11 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
         for (int e = 0; e < 8; ++e) sum[e] += d[e];
       }
       if (with_delta) {
-        // Delta = rowsum(out_s * dout) in fp32 as the Delta kernel sums a row
-        // (portable/attention_backward.cuh): each lane's 8 columns in order, then the butterfly
-        // over the row's lanes, so the fine backward gets the same bits either way.
+        // Delta = rowsum(out_s * dout) in fp32, summed as the Delta kernel sums a row (dot8, then
+        // lane_group_sum over the unit's lanes), so the fine backward gets the same bits.
         float o[8];
         unpack8<T>(wo[r], o);
-        float row_sum = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) row_sum = fmaf(o[e], d[e], row_sum);
-#pragma unroll
-        for (int off = kThreadsPerUnit / 2; off > 0; off >>= 1)
-          row_sum += __shfl_xor_sync(unit_lanes, row_sum, off);
+        const float row_sum = lane_group_sum<kThreadsPerUnit>(dot8(o, d), unit_lanes);
         if (c == 0) delta[r0 + r] = row_sum;
       }
     }
