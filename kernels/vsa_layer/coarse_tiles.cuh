@@ -137,8 +137,8 @@ struct TileRows {
         in_smem(use_smem) {}
   __device__ __forceinline__ uint16_t* row(int r) const { return base + r * pitch; }
   // Zeros over the columns n .. pitch - 1 of every row and all of rows `rows` .. 15 (shared
-  // memory only; the products write and read the rest).
-  // A warp per row, the lanes over its columns (in shared memory the pitch fits an int).
+  // memory only; the products write and read the rest), a warp per row, the lanes over its columns
+  // (in shared memory the pitch fits an int).
   __device__ __forceinline__ void zero_padding(int rows) const {
     if (!in_smem) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

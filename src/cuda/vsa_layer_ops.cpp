@@ -10,9 +10,10 @@
 //             VSA backward, which writes dq, dk and dv with each block's term added
 //             (kern::BlockTerms: no pass of its own).
 // Each call's kernels, the fine branch's included, form one chain of programmatic launches
-// (kernel_images.h), so the k2q inverse's kernels run beside the coarse backward. Nothing is read back on the host and nothing synchronizes: the backward's
-// kernels, the fine branch's included, check the reserve's record on the device, and where it is not
-// the record of a forward of this call's problem they write nothing.
+// (kernel_images.h), so the k2q inverse's first kernel runs beside the coarse backward's kv side.
+// Nothing is read back on the host and nothing synchronizes: the backward's kernels, the fine
+// branch's included, check the reserve's record on the device, and where it is not the record of a
+// forward of this call's problem they write nothing.
 #include <fmt/format.h>
 
 #include <limits>
