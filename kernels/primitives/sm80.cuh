@@ -113,6 +113,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// Two 8x8 b16 matrices, transposed on the way; lanes 0-15 supply the addresses (lane l: row l % 8
+// of matrix l / 8), the other lanes' addresses are not read.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
 // 16 bytes global -> shared, asynchronously. valid == false writes 16 zero bytes and reads nothing
 // (src-size 0), which is how rows past a sequence end become zeros without a branch in the copy.
 __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, bool valid) {

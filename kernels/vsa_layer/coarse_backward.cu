@@ -81,12 +81,21 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
                           });
 }
 
+// Where column jj of a window row ii sits: a window row is 32 bytes, two 16-byte halves, and rows
+// with bit 2 of ii set keep their halves swapped, so that the eight rows one ldmatrix reads of
+// one half fall in distinct banks (unswapped, rows ii and ii + 4 share theirs).
+__device__ __forceinline__ int window_slot(int ii, int jj) {
+  return ii * kRows + (jj ^ (((ii >> 2) & 1) << 3));
+}
+
 // The terms of dv_c and dk_c of 16 kv blocks (one m16 row block of attnᵀ and dmmᵀ): for each q
 // head of the group, a chunk of p.kv_chunk_rows q blocks at a time, the chunk's rows of dout_c and
 // q_c (cp.async) and the window of attn and dmm at the block's 16 kv columns are staged, then warp
-// w < D / 8 adds its n8 block of columns 8w .. 8w + 7 of both sums with two MMAs per k16 step.
+// w < D / 8 adds its n8 block of columns 8w .. 8w + 7 of both sums with two MMAs per k16 step,
+// their operands by three ldmatrix.trans: attnᵀ's and dmmᵀ's A fragments from the windows
+// ([q block][kv block], k-major), dout_c's and q_c's B fragments from the staged rows.
 // Dynamic shared memory: dout_c's rows, q_c's rows ([kv_chunk_rows][D + 8] each), then the attn and
-// dmm windows ([kv_chunk_rows][16] each).
+// dmm windows ([kv_chunk_rows][16] each, window_slot).
 template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;
@@ -112,6 +121,14 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   // (nkv a multiple of 8), the windows come by cp.async with the rows; else element by element.
   const bool windows_by_copy = cols == kRows && nkv % 8 == 0 &&
                                ((reinterpret_cast<uintptr_t>(attn) | reinterpret_cast<uintptr_t>(dmm)) & 15) == 0;
+  // ldmatrix lanes, matrix l / 8, its row l % 8. A (x4.trans of a window): matrix q holds k rows
+  // 8 (q / 2) .. + 7 at kv columns 8 (q % 2) .. + 7, so that the fragment is attnᵀ's a0 .. a3.
+  // B (x4.trans of the staged rows): matrices 0, 1 are dout_c's k rows 0 .. 7 and 8 .. 15 at the
+  // warp's 8 columns, 2 and 3 the same of q_c's: dv's b0, b1, then dk's.
+  const int mq = lane >> 3, mr = lane & 7;
+  const uint32_t a_lane_attn = smem_address(wa + window_slot(8 * (mq >> 1) + mr, 8 * (mq & 1)));
+  const uint32_t a_lane_dmm = smem_address(wd + window_slot(8 * (mq >> 1) + mr, 8 * (mq & 1)));
+  const uint32_t b_lane = smem_address((mq < 2 ? xo : xq) + (8 * (mq & 1) + mr) * kP + 8 * warp);
   float acc_v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_k[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
@@ -126,8 +143,9 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
           const int ii = w >> 1, half = w & 1;
           const bool in = i0 + ii < nq;
           const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
-          cp_async_16(smem_address(wa + ii * kRows + 8 * half), attn + at, in);
-          cp_async_16(smem_address(wd + ii * kRows + 8 * half), dmm + at, in);
+          const int slot = window_slot(ii, 8 * half);
+          cp_async_16(smem_address(wa + slot), attn + at, in);
+          cp_async_16(smem_address(wd + slot), dmm + at, in);
         }
       }
       cp_async_commit();
@@ -137,33 +155,23 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
           const int ii = e / kRows, jj = e % kRows;
           const bool in = i0 + ii < nq && jj < cols;
           const int64_t at = (q_row0 + i0 + ii) * nkv + j0 + jj;
-          wa[e] = in ? attn[at] : uint16_t{0};
-          wd[e] = in ? dmm[at] : uint16_t{0};
+          wa[window_slot(ii, jj)] = in ? attn[at] : uint16_t{0};
+          wd[window_slot(ii, jj)] = in ? dmm[at] : uint16_t{0};
         }
       }
       cp_async_wait<0>();
       __syncthreads();
       if (!owns) continue;
       for (int k0 = 0; k0 < count; k0 += 16) {
-        // A = the window transposed: row m = kv block g (+ 8), column k = q block 2t (+ 1, + 8).
-        const uint16_t* ca = wa + k0 * kRows;
-        const uint16_t* cd = wd + k0 * kRows;
-        auto a_frag = [&](const uint16_t* c, uint32_t (&f)[4]) {
-          f[0] = pack16(c[(2 * t) * kRows + g], c[(2 * t + 1) * kRows + g]);
-          f[1] = pack16(c[(2 * t) * kRows + g + 8], c[(2 * t + 1) * kRows + g + 8]);
-          f[2] = pack16(c[(2 * t + 8) * kRows + g], c[(2 * t + 9) * kRows + g]);
-          f[3] = pack16(c[(2 * t + 8) * kRows + g + 8], c[(2 * t + 9) * kRows + g + 8]);
-        };
-        uint32_t fa[4], fd[4];
-        a_frag(ca, fa);
-        a_frag(cd, fd);
-        // B = the staged rows: k = q block 2t (+ 1, + 8), n = column 8w + g.
-        const uint16_t* bo = xo + k0 * kP + 8 * warp + g;
-        const uint16_t* bq = xq + k0 * kP + 8 * warp + g;
-        mma_16816<T>(acc_v, fa, pack16(bo[(2 * t) * kP], bo[(2 * t + 1) * kP]),
-                     pack16(bo[(2 * t + 8) * kP], bo[(2 * t + 9) * kP]));
-        mma_16816<T>(acc_k, fd, pack16(bq[(2 * t) * kP], bq[(2 * t + 1) * kP]),
-                     pack16(bq[(2 * t + 8) * kP], bq[(2 * t + 9) * kP]));
+        // A = a window transposed (row m = kv block, column k = q block); B = the staged rows
+        // (k = q block, n = column). A k16 step moves 16 window rows (the swizzle repeats every
+        // 8) and 16 staged rows.
+        uint32_t fa[4], fd[4], fb[4];
+        ldmatrix_x4_trans(fa, a_lane_attn + 2 * k0 * kRows);
+        ldmatrix_x4_trans(fd, a_lane_dmm + 2 * k0 * kRows);
+        ldmatrix_x4_trans(fb, b_lane + 2 * k0 * kP);
+        mma_16816<T>(acc_v, fa, fb[0], fb[1]);
+        mma_16816<T>(acc_k, fd, fb[2], fb[3]);
       }
     }
   }

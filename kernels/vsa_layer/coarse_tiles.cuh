@@ -162,7 +162,8 @@ struct TileRows {
 // matrix, staged a chunk at a time (stage_chunk); store(r, d, out) for each. Warp w < D / 8 owns
 // the n8 block of columns 8w .. 8w + 7: per k16 step the weights' A fragment (one ldmatrix where
 // the rows are in shared memory, whose padding reads as zeros; else eight bounded 16-bit loads),
-// four 16-bit loads of the staged rows, one MMA. Ends with the block synchronized.
+// the staged rows' B fragment (one ldmatrix.trans of the 16 k rows at the warp's 8 columns), one
+// MMA. Ends with the block synchronized.
 template <typename T, int D, typename Store>
 __device__ __forceinline__ void rows_times_matrix(const TileRows& w, int rows, const uint16_t* m, int n,
                                                   uint16_t* stage, int stage_rows,
@@ -172,6 +173,8 @@ __device__ __forceinline__ void rows_times_matrix(const TileRows& w, int rows, c
   const bool owns = warp < D / 8;
   // ldmatrix: lane l gives the address of row l % 16 at column 8 (l / 16) of the k16 step.
   const uint32_t w_lane = w.in_smem ? smem_address(w.base + (lane % 16) * w.pitch + (lane / 16) * 8) : 0u;
+  // ldmatrix.trans: lane l < 16 gives the address of staged row l at the warp's columns.
+  const uint32_t b_lane = smem_address(stage + (lane % 16) * kP + 8 * warp);
   auto weight = [&](int r, int j) -> uint16_t {
     return r < rows && j < n ? w.base[r * w.pitch + j] : uint16_t{0};
   };
@@ -190,9 +193,9 @@ __device__ __forceinline__ void rows_times_matrix(const TileRows& w, int rows, c
         af[2] = pack16(weight(g, j + 8 + 2 * t), weight(g, j + 9 + 2 * t));
         af[3] = pack16(weight(g + 8, j + 8 + 2 * t), weight(g + 8, j + 9 + 2 * t));
       }
-      const uint16_t* col = stage + k0 * kP + 8 * warp + g;
-      mma_16816<T>(acc, af, pack16(col[(2 * t) * kP], col[(2 * t + 1) * kP]),
-                   pack16(col[(2 * t + 8) * kP], col[(2 * t + 9) * kP]));
+      uint32_t bf[2];
+      ldmatrix_x2_trans(bf, b_lane + 2 * k0 * kP);
+      mma_16816<T>(acc, af, bf[0], bf[1]);
     }
   }
   cp_async_wait<0>();
