@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "shared/kernel_params.h"
 #include "core/problems.h"
@@ -54,7 +55,10 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 // delta_written: Delta = rowsum(o * dout) is already in ws's Delta region (vsa_backward_delta,
 // fp32 [B, Hq, Sq]), written by a kernel earlier in the call's launch chain (the VSA layer's gate
 // pass, which reads dout anyway), with the bits the Delta kernel computes; the backward then runs
-// no Delta of its own.
+// no Delta of its own. before_gradients (not null): launches kernels that the caller chains after
+// the k2q inverse and before the kernels that write dq, dk and dv (the VSA layer's gate pass and
+// coarse backward, which then run beside the inverse's last kernel, the inverse's latency hidden
+// under the gate's pass over memory); with delta_written, one of them may be what writes Delta.
 size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p);
 float* vsa_backward_delta(const fva_handle& h, const VsaProblem& p, void* ws);
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
@@ -63,7 +67,8 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms = nullptr,
-                  bool delta_written = false);
+                  bool delta_written = false,
+                  const std::function<void()>* before_gradients = nullptr);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
 // row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.

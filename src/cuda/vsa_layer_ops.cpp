@@ -5,17 +5,20 @@
 //             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
 //             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
 //             of its own);
-//   backward: dgate, dout_c and the fine backward's Delta (one pass over dout) -> the coarse
-//             backward's q side, then its kv side, which leave the block means' terms -> the fine
-//             VSA backward, which writes dq, dk and dv with each block's term added
-//             (kern::BlockTerms: no pass of its own).
+//   backward: the fine backward's k2q inverse, and beside it dgate, dout_c and the fine
+//             backward's Delta (one pass over dout) -> the coarse backward's q side, then its kv
+//             side, which leave the block means' terms -> the fine VSA backward's dK/dV and dQ,
+//             which write dq, dk and dv with each block's term added (kern::BlockTerms: no pass
+//             of its own).
 // Each call's kernels, the fine branch's included, form one chain of programmatic launches
-// (kernel_images.h), so the k2q inverse's first kernel runs beside the coarse backward's kv side.
-// Nothing is read back on the host and nothing synchronizes: the backward's kernels, the fine
-// branch's included, check the reserve's record on the device, and where it is not the record of a
-// forward of this call's problem they write nothing.
+// (kernel_images.h); the backward's chain starts with the fine branch's k2q inverse (latency-bound,
+// a few blocks), beside whose last kernel the gate pass (DRAM-bound) runs. Nothing is read back on
+// the host and nothing synchronizes: the backward's kernels, the fine branch's included, check the
+// reserve's record on the device, and where it is not the record of a forward of this call's
+// problem they write nothing.
 #include <fmt/format.h>
 
+#include <functional>
 #include <limits>
 
 #include "cuda_ops.h"
@@ -221,9 +224,11 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   void* const dk_term = workspace_pointer<char>(ws, plan.dk_term);
   void* const dv_term = workspace_pointer<char>(ws, plan.dv_term);
   void* const fine_ws = workspace_pointer<char>(ws, plan.backward_fine);
-  // The call's kernels, the fine branch's included, chained (kernel_images.h).
+  // The call's kernels, the fine branch's included, chained (kernel_images.h): the fine backward's
+  // k2q inverse, then (its hook, before_gradients) the layer's own kernels, the first of them beside
+  // the inverse's last kernel, then the fine kernels that write dq, dk and dv.
   const LaunchChain chain(h.device, h.tuning);
-  {
+  const std::function<void()> layer_kernels = [&] {
     // 1. dgate, dout_c = the coarse output's gradient, and the fine backward's Delta.
     kern::LayerGateBackwardParams gp{};
     gp.check = check;
@@ -277,12 +282,13 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     l.grid_y = static_cast<unsigned>(f.B * f.Hkv);
     l.smem = static_cast<size_t>(plan.coarse.kv_side_bytes);
     launch("layer", kernel_name("coarse_bwd_kv", f).c_str(), h.device, l, stream, cp);
-  }
+  };
 
   // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_written=*/true);
+               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_written=*/true,
+               &layer_kernels);
 }
 
 }  // namespace fva::cuda
