@@ -18,8 +18,7 @@ namespace fva::kern {
 
 // Block means of q, k and v in one launch (vsa_layer/block_means.cu): job j averages the real slots
 // of every 64-token block of x into out (contiguous [B, H, nblocks, D], the dtype), a unit of
-// work per (b, h, block); the jobs' units follow each other from unit 0, and a block takes them in
-// that order (so q's means are done first, v's last).
+// work per (b, h, block); the jobs' units follow each other from unit 0.
 struct LayerMeansJob {
   Tensor4 x;
   void* out;
@@ -35,9 +34,6 @@ struct LayerMeansParams {
   int32_t B;
   int64_t units;
   uint32_t* record_magic;  // cleared by block 0: the reserve holds no finished forward
-  // [kLayerMeansJobs], zeroed before the launch: done[j] counts job j's finished units (the coarse
-  // forward waits on them, primitives/kernel_chain.cuh). Null: not counted.
-  uint32_t* done;
 };
 
 // The coarse attention over block means and the selection (vsa_layer/coarse_forward.cu): a block
@@ -71,11 +67,6 @@ struct LayerCoarseForwardParams {
   // Rows of k_c or v_c the block's stage holds (dynamic shared memory, a multiple of 128): the
   // products' operands come in chunks of this many rows (vsa_layer/coarse_tiles.cuh).
   int32_t stage_rows;
-  // The block means' counts (LayerMeansParams::done) and each job's units: the kernel waits for q's
-  // and k's means, not for the whole means kernel, and for v's before its last product, so that it
-  // runs beside the means of v. Null: it waits for the means kernel as a whole.
-  const uint32_t* means_done;
-  uint32_t means_units[kLayerMeansJobs];
 };
 
 // out = out_c[block] * gate + out_s (gate.data null: out_c[block] + out_s), a unit per (b, q head,

@@ -9,8 +9,6 @@
 //      it needs in index order) and a ballot scan that writes the list in order; the weights then go
 //      to the reserve's attn rows;
 //   3. out_c[i] = dtype(attn[i]·v_c).
-// It runs beside the block means (LayerCoarseForwardParams::means_done): it starts once q's and k's
-// means are done and waits for v's before step 3.
 // kv blocks of size 0 take no part: weight 0, never selected; a row lists min(topk, the blocks of
 // nonzero size) blocks, then -1 (the CPU backend's lists, src/cpu/vsa_layer_forward.cpp).
 #include "shared/layer_coarse_plan.h"
@@ -163,14 +161,6 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
 
 template <typename T, int D>
 __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardParams& p) {
-  // What it reads of the means kernel's output: q's and k's means now, v's before step 3.
-  const bool counted = p.means_done != nullptr;
-  if (counted) {
-    wait_for_count(p.means_done + 0, p.means_units[0]);
-    wait_for_count(p.means_done + 1, p.means_units[1]);
-  } else {
-    wait_for_prior_kernels();
-  }
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
   __shared__ int hist[kWarps * 256];  // a histogram per warp
   static_assert(sizeof(a) + sizeof(hist) == kern::layer_coarse_static_bytes(D),
@@ -198,15 +188,10 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   const float scale = p.scale;
   rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
-  // v_c's first chunk flies while the warps select, where v's means are known to be done;
-  // beside the means kernel they may not be yet, and the copy waits for them after the selection.
-  if (!counted) issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
+  // v_c's first chunk flies while the warps select.
+  issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
   const int warp = threadIdx.x >> 5;
   if (warp < rows) softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
-  if (counted) {
-    wait_for_count(p.means_done + 2, p.means_units[2]);  // synchronizes the block
-    issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
-  }
   __syncthreads();
   attn.copy_home(rows);
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
@@ -220,9 +205,8 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
 #define FVA_LAYER_COARSE_FORWARD(dtype, T, D)                                             \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)         \
       fva_layer_coarse_fwd_##dtype##_d##D(const fva::kern::LayerCoarseForwardParams p) { \
-    /* beside the means kernel; it waits for that kernel's output inside, and for the */ \
-    /* kernel itself before it exits (primitives/kernel_chain.cuh) */                     \
-    fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::coarse_forward<T, D>(p); }); \
+    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                     \
+    fva::dev::layer::coarse_forward<T, D>(p);                                             \
   }
 FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 128)

@@ -1,8 +1,7 @@
 // The whole VSA layer on the CUDA backend (SPEC section 3b), executing vsa_layer_plan.h's plan with
 // the kernels of kernels/vsa_layer/ and the fine branch's VSA kernels (vsa_ops.cpp):
 //   forward:  block means (one launch for q, k, v) -> coarse attention, softmax and selection (one
-//             launch, beside the means: it waits on their counts of finished units, q's and k's
-//             first, v's before its last product) -> the fine VSA forward over the selected lists, into the reserve -> out =
+//             launch) -> the fine VSA forward over the selected lists, into the reserve -> out =
 //             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
 //             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
 //             of its own);
@@ -104,10 +103,7 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
   // The call's kernels, the fine branch's included, chained (kernel_images.h).
   const LaunchChain chain(h.device, h.tuning);
   {
-    // 1. Block means of q, k and v, each job's finished units counted from zero; the reserve's
-    // record cleared until the forward is done.
-    uint32_t* const means_done = workspace_pointer<uint32_t>(ws, plan.means_done);
-    memset_words(means_done, 0u, kern::kLayerMeansJobs, stream, "the block means' counters");
+    // 1. Block means of q, k and v; the reserve's record cleared until the forward is done.
     kern::LayerMeansParams mp{};
     const fva_tensor_t* xs[3] = {&q, &k, &v};
     const WorkspaceRegion* outs[3] = {&r.q_c, &r.k_c, &r.v_c};
@@ -129,7 +125,6 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     mp.B = static_cast<int32_t>(f.B);
     mp.units = plan.mean_units;
     mp.record_magic = &reserve_pointer<kern::LayerReserveHeader>(reserve, r.record)->magic;
-    mp.done = means_done;
     Launch l;
     l.grid_x = plan.mean_blocks;
     l.block = 128;
@@ -165,12 +160,6 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     cp.scale = f.scale;
     cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
     cp.stage_rows = plan.coarse.stage_rows;
-    // 2 runs beside 1 (kernels/primitives/kernel_chain.cuh): it waits on 1's counts.
-    cp.means_done = means_done;
-    for (int j = 0; j < 3; ++j) {
-      const int64_t next = j + 1 < 3 ? mp.job[j + 1].first_unit : mp.units;
-      cp.means_units[j] = static_cast<uint32_t>(next - mp.job[j].first_unit);
-    }
     l.grid_x = plan.coarse_q_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hq);
     l.block = kern::kLayerCoarseThreads;

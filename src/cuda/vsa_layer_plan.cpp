@@ -10,17 +10,10 @@ namespace fva::cuda {
 namespace {
 
 // Threads of the per-block passes' blocks (kernels/vsa_layer/block_means.cu, gate.cu) and the
-// units one block holds: a unit of D / 8 threads (eight columns each) for the gate's backward, a
-// block per unit for the gate's forward.
+// units one block holds: a unit of D / 8 threads (eight columns each) for the means and the gate's
+// backward, a block per unit for the gate's forward.
 constexpr int64_t kPassThreads = 128;
 int64_t column_units_per_block(int64_t D) { return kPassThreads / (D / 8); }
-
-// The block means' blocks per SM: each takes units in order, a grid's width apart, with one unit's
-// copy (16 KiB at D = 128) in flight while it sums the last, so a few an SM keep the DRAM busy
-// while the units still finish roughly in order; and with their 32 KiB of shared memory each, an
-// SM still holds a coarse forward block beside them (shared/layer_coarse_plan.h).
-constexpr int64_t kMeansBlocksPerSm = 3;
-constexpr int64_t kUnknownSmCount = 108;  // a device that does not say: the least since Ampere
 
 }  // namespace
 
@@ -51,7 +44,6 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   WorkspaceLayout fw;
   const size_t fine_forward = vsa_forward_workspace(h, f);
   if (fine_forward > 0) plan.forward_fine = fw.add<char>(fine_forward);
-  plan.means_done = fw.add<uint32_t>(kern::kLayerMeansJobs);
   plan.forward_workspace = fw.bytes();
 
   WorkspaceLayout bw;
@@ -68,8 +60,7 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   const int64_t per_block = column_units_per_block(f.D);
   plan.mean_units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
   plan.gate_units = f.B * f.Hq * f.num_q_blocks;
-  const int64_t sms = h.device.sm_count > 0 ? h.device.sm_count : kUnknownSmCount;
-  plan.mean_blocks = static_cast<unsigned>(std::min(plan.mean_units, kMeansBlocksPerSm * sms));
+  plan.mean_blocks = blocks_for(plan.mean_units, per_block);
   plan.gate_blocks = static_cast<unsigned>(plan.gate_units);
   plan.gate_backward_blocks = blocks_for(plan.gate_units, per_block);
   plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);

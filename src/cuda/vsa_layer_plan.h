@@ -46,14 +46,12 @@ struct VsaLayerReserve {
 struct VsaLayerPlan {
   VsaLayerReserve reserve;
   WorkspaceRegion forward_fine;  // absent while the fine forward needs no workspace
-  WorkspaceRegion means_done;    // the block means' counts of finished units, one per job
   WorkspaceRegion backward_fine, dout_c, dmm, dq_term, dk_term, dv_term;
   size_t forward_workspace = 0, backward_workspace = 0;
   size_t workspace_bytes = 0;  // the larger: one buffer serves both calls
 
   // Launch shapes (kernels/vsa_layer/): units of work of the per-block passes and blocks of 128
-  // threads for them (the means: a few an SM, each taking units in turn); the coarse kernels'
-  // grids (x: tiles of kLayerCoarseRows rows, y: heads).
+  // threads for them; the coarse kernels' grids (x: tiles of kLayerCoarseRows rows, y: heads).
   int64_t mean_units = 0, gate_units = 0;
   unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
   unsigned coarse_q_tiles = 0, coarse_kv_tiles = 0;
