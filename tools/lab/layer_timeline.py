@@ -5,12 +5,13 @@ repository root after a build (tools/gpu-check's, or tools/device/ab_check.sh's)
 
 torch.profiler (CUPTI's concurrent-kernel records, which see the library's driver-API launches as
 well as torch's) records a few forward + backward calls of fvattn.torch.video_sparse_attn with a
-gate; the last call's kernels are printed in start order, each with its start and end relative to
-the first kernel of its direction and its duration, in microseconds. ncu times kernels one at a
+gate; the last call's kernels (its forward and its backward, the last two groups of kernels between
+gaps) are printed in start order, each with its start and end relative to the first kernel of its
+group and its duration, in microseconds. ncu times kernels one at a
 time and cannot show this.
 
     python3 tools/lab/layer_timeline.py [--lib build-gpu/src/libfvattn.so.1] [--grid 8,30,52]
-        [--heads 12] [--topk 26] [--calls 5] [--json out.json]
+        [--heads 12] [--topk 26] [--calls 5] [--groups 2] [--json out.json]
 """
 import argparse
 import json
@@ -24,7 +25,9 @@ parser.add_argument("--grid", default="8,30,52", help="T,H,W of the token grid")
 parser.add_argument("--heads", type=int, default=12)
 parser.add_argument("--topk", type=int, default=26)
 parser.add_argument("--calls", type=int, default=5, help="forward + backward calls; the last is shown")
-parser.add_argument("--json", help="also write the last call's kernels here")
+parser.add_argument("--groups", type=int, default=2,
+                    help="groups of kernels (split at gaps of 50 us) to print, the last ones")
+parser.add_argument("--json", help="also write the printed groups' kernels here")
 args = parser.parse_args()
 
 os.environ["FVATTN_LIBRARY"] = os.path.abspath(args.lib)
@@ -72,18 +75,21 @@ for e in kernels:
     last_end = max(last_end or 0, e["ts"] + e["dur"])
 if current:
     calls.append(current)
-last = calls[-1]
-t0 = last[0]["ts"]
-print(f"VSA layer {args.grid}, H = {args.heads}, S = {S}, topk {args.topk}: the last of {len(calls)} "
-      f"calls ({torch.cuda.get_device_name()}), microseconds from its first kernel")
-print(f"{'start':>9} {'end':>9} {'dur':>8}  kernel")
+# The last groups: the last call's backward, and before it its forward (the autograd's host work
+# between them usually leaves a gap, so the forward is a group of its own).
+print(f"VSA layer {args.grid}, H = {args.heads}, S = {S}, topk {args.topk}: the last {args.groups} of "
+      f"{len(calls)} groups of kernels ({torch.cuda.get_device_name()}), microseconds from each "
+      f"group's first kernel")
 rows = []
-for e in last:
-    start, dur = e["ts"] - t0, e["dur"]
-    name = e["name"].split("(")[0]
-    rows.append({"name": name, "start_us": start, "dur_us": dur})
-    print(f"{start:9.1f} {start + dur:9.1f} {dur:8.1f}  {name}")
-span = max(r["start_us"] + r["dur_us"] for r in rows)
-print(f"span {span:.1f} us")
+for index, group in enumerate(calls[-args.groups:]):
+    t0 = group[0]["ts"]
+    print(f"group {index - min(args.groups, len(calls))}\n{'start':>9} {'end':>9} {'dur':>8}  kernel")
+    for e in group:
+        start, dur = e["ts"] - t0, e["dur"]
+        name = e["name"].split("(")[0]
+        rows.append({"group": index, "name": name, "start_us": start, "dur_us": dur})
+        print(f"{start:9.1f} {start + dur:9.1f} {dur:8.1f}  {name}")
+    span = max(r["start_us"] + r["dur_us"] for r in rows if r["group"] == index)
+    print(f"span {span:.1f} us")
 if args.json:
     json.dump(rows, open(args.json, "w"), indent=1)
