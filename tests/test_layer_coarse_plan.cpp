@@ -31,7 +31,7 @@ TEST_CASE("the coarse kernels' chunks at docs/perf.md's layer shapes on an H100"
   CHECK(small.stage_rows == 256);
   CHECK(small.kv_chunk_rows == 176);  // 208 q blocks take two chunks on the kv side
   CHECK(2 * (layer_coarse_static_bytes(128) + small.q_side_bytes + kKiB) <= kH100PerSm);
-  CHECK(2 * (small.kv_side_bytes + kKiB) <= kH100PerSm);
+  CHECK(2 * (fva::kern::layer_coarse_kv_static_bytes() + small.kv_side_bytes + kKiB) <= kH100PerSm);
   // Wan2.1-14B: 624 blocks. The kv blocks take three stages of 256.
   const LayerCoarseSmemPlan wan = plan_layer_coarse_smem(kH100PerSm, 128, 624, 624);
   CHECK(wan.rows_in_smem);
@@ -58,7 +58,7 @@ TEST_CASE("every coarse plan fits one block's limit and stages whole steps, on e
         CHECK(p.kv_chunk_rows >= 16);
         CHECK(p.kv_chunk_rows % 16 == 0);
         CHECK(p.kv_chunk_rows <= (n + 15) / 16 * 16);
-        CHECK(p.kv_side_bytes <= limit);
+        CHECK(fva::kern::layer_coarse_kv_static_bytes() + p.kv_side_bytes <= limit);
         if (p.stage_rows < n) {
           // Several chunks only where one would not leave room for two blocks an SM.
           const int64_t one_chunk = layer_coarse_static_bytes(D) + p.q_side_bytes +

@@ -9,9 +9,9 @@
 //     stage takes what remains of a block's share of the SM (half of it, less the 1 KiB the driver
 //     keeps per block) after the rest, in whole 128-row steps, at least 128 rows, at most every kv
 //     block: one chunk where two blocks still fit an SM.
-//   - The kv side: in dynamic shared memory, per q block of its chunk, the rows of dout_c and q_c
-//     (pitch D + 8) and the 16-column windows of attn and dmm; the chunk is a multiple of 16, at
-//     least 16, at most every q block.
+//   - The kv side: a static array (its 16 kv blocks' sizes), then in dynamic shared memory, per q
+//     block of its chunk, the rows of dout_c and q_c (pitch D + 8) and the 16-column windows of
+//     attn and dmm; the chunk is a multiple of 16, at least 16, at most every q block.
 // At the floor (128 stage rows, 16 q blocks) every plan fits the per-block limit of every GPU since
 // Ampere (99 KiB on sm_86, sm_89 and sm_120), 1024 kv blocks of tile rows included.
 #pragma once
@@ -33,6 +33,11 @@ FVA_HD constexpr int64_t layer_coarse_row_bytes(int64_t D) { return 2 * (D + 8);
 FVA_HD constexpr int64_t layer_coarse_static_bytes(int64_t D) {
   return kLayerCoarseRows * layer_coarse_row_bytes(D) + 4 * 256 * kLayerCoarseRows;
 }
+
+// The kv side's static shared memory: its kv blocks' sizes (coarse_backward.cu asserts it). The
+// q side's backward needs less static memory than the forward (no histograms), which the plan
+// gives both.
+FVA_HD constexpr int64_t layer_coarse_kv_static_bytes() { return 4 * kLayerCoarseRows; }
 
 struct LayerCoarseSmemPlan {
   bool rows_in_smem = false;    // the tile's rows in shared memory (nkv <= kLayerCoarseSmemMaxKv)
@@ -63,7 +68,7 @@ inline LayerCoarseSmemPlan plan_layer_coarse_smem(int64_t smem_per_sm, int64_t D
   plan.stage_rows = static_cast<int32_t>(stage);
   plan.q_side_bytes = stage * row_bytes + tile_rows;
   const int64_t q_row_bytes = 2 * row_bytes + 2 * 2 * kLayerCoarseRows;
-  const int64_t chunk_fit = per_block / q_row_bytes / 16 * 16;
+  const int64_t chunk_fit = (per_block - layer_coarse_kv_static_bytes()) / q_row_bytes / 16 * 16;
   const int64_t chunk_all = (nq + 15) / 16 * 16;
   const int64_t chunk = layer_coarse_chunk(chunk_fit, chunk_all, 16);
   plan.kv_chunk_rows = static_cast<int32_t>(chunk);

@@ -14,6 +14,10 @@
 // with v_c and k_c staged a chunk at a time), then the kv side (a block per (b, kv head, 16 kv
 // blocks), the q blocks' rows staged a chunk at a time). Both first check the
 // reserve's record and do nothing when it is not this call's (the outputs stay untouched).
+// Both run beside the kernel before them in the call's chain until they need its output: what the
+// forward left in the reserve (the coarse weights, block means) and the block sizes start on their
+// way first, then they wait for the earlier kernels (the gate pass's dout_c, the q side's dmm).
+#include "shared/layer_coarse_plan.h"
 #include "vsa_layer/coarse_tiles.cuh"
 
 namespace fva::dev::layer {
@@ -31,6 +35,9 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;  // every warp of the block decides alike
   __shared__ __align__(16) uint16_t a[TileSmem<D>::kRowElems];
+  __shared__ int row_tokens[kRows];  // the tile's q blocks' sizes, for their terms
+  static_assert(sizeof(a) + sizeof(row_tokens) <= kern::layer_coarse_static_bytes(D),
+                "the host plans the q sides' static shared memory as the forward's");
   // Dynamic: the stage [stage_rows][D + 8], then the tile's rows when p.rows_in_smem (TileRows).
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;
@@ -49,9 +56,18 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   const uint16_t* attn = static_cast<const uint16_t*>(p.attn) + q_row0 * nkv;
   const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
   const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
-  // The tile's dout_c rows and the first chunk of v_c, one copy in flight.
-  copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
+  // Before the wait: the first chunk of v_c, the tile's weights into L1 (the softmax's backward
+  // reads them twice, a warp per row) and the tile's sizes (the forward's, or the call's inputs).
   issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
+  for (int64_t at = 64 * threadIdx.x; at < static_cast<int64_t>(rows) * nkv; at += 64 * kThreads)
+    prefetch_l1(attn + at);  // a 128-byte line each
+  if (threadIdx.x < kRows)
+    row_tokens[threadIdx.x] =
+        threadIdx.x < rows ? block_tokens(p.q_sizes, p.q_sizes_stride, i0 + threadIdx.x) : 0;
+  wait_for_prior_kernels();  // dout_c is the gate pass's
+  // The tile's dout_c rows, the second copy in flight.
+  copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
+  cp_async_commit();
   rows_dot_matrix<T, D>(a, rows, v_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { dmm.row(r)[j] = Elem<T>::bits(s); });
   // k_c's first chunk flies during the softmax's backward, a warp per row: rowsum(attn ⊙ dattn),
@@ -76,8 +92,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   uint16_t* dq_term = static_cast<uint16_t*>(p.dq_term) + q_row0 * D;
   rows_times_matrix<T, D>(dmm, rows, k_c, nkv, stage, stage_rows,
                           [&](int r, int d, float o) {
-                            const int n = block_tokens(p.q_sizes, p.q_sizes_stride, i0 + r);
-                            dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, n));
+                            dq_term[r * D + d] = Elem<T>::bits(mean_term<T>(o, row_tokens[r]));
                           });
 }
 
@@ -100,6 +115,9 @@ template <typename T, int D>
 __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwardParams& p) {
   if (!reserve_matches(p.check)) return;
   constexpr int kP = TileSmem<D>::kPitch;
+  __shared__ int col_tokens[kRows];  // the block's kv blocks' sizes, for their terms
+  static_assert(sizeof(col_tokens) == kern::layer_coarse_kv_static_bytes(),
+                "the host's plan of the kv side's shared memory (shared/layer_coarse_plan.h)");
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   const int chunk = p.kv_chunk_rows;  // a multiple of 16
   uint16_t* const xo = dynamic_smem;       // dout_c rows
@@ -121,6 +139,9 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   // (nkv a multiple of 8), the windows come by cp.async with the rows; else element by element.
   const bool windows_by_copy = cols == kRows && nkv % 8 == 0 &&
                                ((reinterpret_cast<uintptr_t>(attn) | reinterpret_cast<uintptr_t>(dmm)) & 15) == 0;
+  if (threadIdx.x < kRows)
+    col_tokens[threadIdx.x] =
+        threadIdx.x < cols ? block_tokens(p.kv_sizes, p.kv_sizes_stride, j0 + threadIdx.x) : 0;
   // ldmatrix lanes, matrix l / 8, its row l % 8. A (x4.trans of a window): matrix q holds k rows
   // 8 (q / 2) .. + 7 at kv columns 8 (q % 2) .. + 7, so that the fragment is attnᵀ's a0 .. a3.
   // B (x4.trans of the staged rows): matrices 0, 1 are dout_c's k rows 0 .. 7 and 8 .. 15 at the
@@ -130,24 +151,42 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   const uint32_t a_lane_dmm = smem_address(wd + window_slot(8 * (mq >> 1) + mr, 8 * (mq & 1)));
   const uint32_t b_lane = smem_address((mq < 2 ? xo : xq) + (8 * (mq & 1) + mr) * kP + 8 * warp);
   float acc_v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_k[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // A chunk's operands, issued (cp.async, uncommitted) in two parts: what the forward left in the
+  // reserve (q_c's rows, attn's window) and what the earlier kernels of this call write (dout_c's
+  // rows, dmm's window). Windows that do not come by cp.async come element by element, both
+  // matrices after the wait.
+  auto issue_forward_part = [&](int64_t q_row0, int i0, int count) {
+    copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0, count, xq);
+    if (!windows_by_copy) return;
+    for (int w = threadIdx.x; w < count * 2; w += kThreads) {  // a window row: two 16-byte words
+      const int ii = w >> 1, half = w & 1;
+      const bool in = i0 + ii < nq;
+      const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
+      cp_async_16(smem_address(wa + window_slot(ii, 8 * half)), attn + at, in);
+    }
+  };
+  auto issue_gradient_part = [&](int64_t q_row0, int i0, int count) {
+    copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0, count, xo);
+    if (!windows_by_copy) return;
+    for (int w = threadIdx.x; w < count * 2; w += kThreads) {
+      const int ii = w >> 1, half = w & 1;
+      const bool in = i0 + ii < nq;
+      const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
+      cp_async_16(smem_address(wd + window_slot(ii, 8 * half)), dmm + at, in);
+    }
+  };
+  const int64_t first_row0 = (static_cast<int64_t>(b) * p.Hq + hk * group) * nq;
+  issue_forward_part(first_row0, 0, round16(min(chunk, nq)));
+  wait_for_prior_kernels();  // dout_c is the gate pass's, dmm the q side's
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int64_t q_row0 = (static_cast<int64_t>(b) * p.Hq + hq) * nq;
     for (int i0 = 0; i0 < nq; i0 += chunk) {
       const int count = round16(min(chunk, nq - i0));
-      __syncthreads();  // the previous chunk is consumed
-      copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0, count, xo);
-      copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0, count, xq);
-      if (windows_by_copy) {
-        // A window row's 16 columns: two 16-byte words of each matrix, copied with the rows.
-        for (int w = threadIdx.x; w < count * 2; w += kThreads) {
-          const int ii = w >> 1, half = w & 1;
-          const bool in = i0 + ii < nq;
-          const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
-          const int slot = window_slot(ii, 8 * half);
-          cp_async_16(smem_address(wa + slot), attn + at, in);
-          cp_async_16(smem_address(wd + slot), dmm + at, in);
-        }
+      if (q_row0 != first_row0 || i0 > 0) {
+        __syncthreads();  // the previous chunk is consumed
+        issue_forward_part(q_row0, i0, count);
       }
+      issue_gradient_part(q_row0, i0, count);
       cp_async_commit();
       if (!windows_by_copy) {
 #pragma unroll 4
@@ -183,9 +222,8 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   for (int e = 0; e < 4; ++e) {
     const int jj = g + 8 * (e >> 1), d = 8 * warp + 2 * t + (e & 1);
     if (jj < cols) {
-      const int n = block_tokens(p.kv_sizes, p.kv_sizes_stride, j0 + jj);
-      dv_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_v[e], n));
-      dk_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_k[e], n));
+      dv_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_v[e], col_tokens[jj]));
+      dk_term[jj * D + d] = Elem<T>::bits(mean_term<T>(acc_k[e], col_tokens[jj]));
     }
   }
 }
@@ -196,13 +234,13 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
 #define FVA_LAYER_COARSE_BACKWARD(dtype, T, D)                                                 \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
       fva_layer_coarse_bwd_q_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {   \
-    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
-    fva::dev::layer::coarse_backward_q<T, D>(p);                                               \
+    /* waits inside once the reserve's operands are on their way, and on every path before */ \
+    /* it exits (primitives/kernel_chain.cuh) */                                              \
+    fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::coarse_backward_q<T, D>(p); }); \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
       fva_layer_coarse_bwd_kv_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {  \
-    fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                          \
-    fva::dev::layer::coarse_backward_kv<T, D>(p);                                              \
+    fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::coarse_backward_kv<T, D>(p); }); \
   }
 FVA_LAYER_COARSE_BACKWARD(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_COARSE_BACKWARD(bf16, fva::dev::Bf16, 128)
