@@ -5,7 +5,9 @@
 # kernel at the bench shape, writes the per-instruction table as CSV, and prints:
 #   - executed warp instructions per opcode class (what the issue stream is made of), per warp and
 #     per 64-key tile, so that counts compare across kernels and sizes;
-#   - the instructions holding the most stall samples, with their stall reason mix.
+#   - the instructions holding the most stall samples, with their stall reason mix;
+#   - the kernel's phases between block-wide barriers: each one's share of the samples and of the
+#     executed instructions.
 # The SASS itself goes beside it (cuobjdump of every family's SASS fatbin, the kernel's function
 # only).
 #   KERNEL (regex, required), SEQ (default 16384), BENCH_ARGS (the bench's shape options instead
@@ -77,4 +79,21 @@ for s, n, text, r in sorted(insts, key=lambda x: -x[0])[:24]:
     reasons = sorted(((num(r[i]), hdr[i][6:]) for i in stall_cols), reverse=True)[:2]
     why = ", ".join(f"{h[:14]} {100 * v / total_s:.1f}%" for v, h in reasons if v > 0)
     print(f"{100 * s / total_s:5.1f}%  x{n / tiles:6.2f}/tile  {text[:60]:60s} {why}")
+# The kernel's phases: its SASS in address order, cut after each block-wide barrier (BAR.SYNC),
+# which in these kernels separates the copies, the products and the row-wise passes; per phase its
+# share of the samples and of the executed instructions, and the instructions that tell what it
+# does (memory, tensor-core, shuffle, atomic, special-function).
+print("-- phases between barriers, in address order (samples, executed instructions, what they hold)")
+marks = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "LDG", "STG", "LDS", "STS", "LD", "ST", "ATOMS", "RED",
+         "SHFL", "VOTE", "MUFU", "UTMALDG", "SYNCS", "EXIT")
+phase_s, phase_n, phase_ops, first = 0.0, 0.0, set(), 0
+for idx, (s, n, text, _) in enumerate(insts + [(0.0, 0.0, "BAR.SYNC", None)]):
+    op = re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0].split(".")[0]
+    phase_s, phase_n = phase_s + s, phase_n + n
+    if op in marks: phase_ops.add(op)
+    if text.startswith("BAR.SYNC") or idx == len(insts):
+        if phase_n > 0:
+            print(f"  insts {first:5d}-{idx:5d}  samples {100 * phase_s / total_s:5.1f}%  "
+                  f"executed {100 * phase_n / (total or 1.0):5.1f}%  {' '.join(sorted(phase_ops))}")
+        phase_s, phase_n, phase_ops, first = 0.0, 0.0, set(), idx + 1
 PY
