@@ -155,25 +155,21 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   // reserve (q_c's rows, attn's window) and what the earlier kernels of this call write (dout_c's
   // rows, dmm's window). Windows that do not come by cp.async come element by element, both
   // matrices after the wait.
-  auto issue_forward_part = [&](int64_t q_row0, int i0, int count) {
-    copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0, count, xq);
-    if (!windows_by_copy) return;
+  auto copy_window = [&](const uint16_t* m, uint16_t* window, int64_t q_row0, int i0, int count) {
     for (int w = threadIdx.x; w < count * 2; w += kThreads) {  // a window row: two 16-byte words
       const int ii = w >> 1, half = w & 1;
       const bool in = i0 + ii < nq;
       const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
-      cp_async_16(smem_address(wa + window_slot(ii, 8 * half)), attn + at, in);
+      cp_async_16(smem_address(window + window_slot(ii, 8 * half)), m + at, in);
     }
+  };
+  auto issue_forward_part = [&](int64_t q_row0, int i0, int count) {
+    copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, nq, i0, count, xq);
+    if (windows_by_copy) copy_window(attn, wa, q_row0, i0, count);
   };
   auto issue_gradient_part = [&](int64_t q_row0, int i0, int count) {
     copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, nq, i0, count, xo);
-    if (!windows_by_copy) return;
-    for (int w = threadIdx.x; w < count * 2; w += kThreads) {
-      const int ii = w >> 1, half = w & 1;
-      const bool in = i0 + ii < nq;
-      const int64_t at = (q_row0 + i0 + (in ? ii : 0)) * nkv + j0 + 8 * half;
-      cp_async_16(smem_address(wd + window_slot(ii, 8 * half)), dmm + at, in);
-    }
+    if (windows_by_copy) copy_window(dmm, wd, q_row0, i0, count);
   };
   const int64_t first_row0 = (static_cast<int64_t>(b) * p.Hq + hk * group) * nq;
   issue_forward_part(first_row0, 0, round16(min(chunk, nq)));
