@@ -61,9 +61,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
   for (int64_t at = 64 * threadIdx.x; at < static_cast<int64_t>(rows) * nkv; at += 64 * kThreads)
     prefetch_l1(attn + at);  // a 128-byte line each
-  if (threadIdx.x < kRows)
-    row_tokens[threadIdx.x] =
-        threadIdx.x < rows ? block_tokens(p.q_sizes, p.q_sizes_stride, i0 + threadIdx.x) : 0;
+  load_tile_tokens(row_tokens, p.q_sizes, p.q_sizes_stride, i0, rows);
   wait_for_prior_kernels();  // dout_c is the gate pass's
   // The tile's dout_c rows, the second copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
@@ -139,9 +137,7 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
   // (nkv a multiple of 8), the windows come by cp.async with the rows; else element by element.
   const bool windows_by_copy = cols == kRows && nkv % 8 == 0 &&
                                ((reinterpret_cast<uintptr_t>(attn) | reinterpret_cast<uintptr_t>(dmm)) & 15) == 0;
-  if (threadIdx.x < kRows)
-    col_tokens[threadIdx.x] =
-        threadIdx.x < cols ? block_tokens(p.kv_sizes, p.kv_sizes_stride, j0 + threadIdx.x) : 0;
+  load_tile_tokens(col_tokens, p.kv_sizes, p.kv_sizes_stride, j0, cols);
   // ldmatrix lanes, matrix l / 8, its row l % 8. A (x4.trans of a window): matrix q holds k rows
   // 8 (q / 2) .. + 7 at kv columns 8 (q % 2) .. + 7, so that the fragment is attnᵀ's a0 .. a3.
   // B (x4.trans of the staged rows): matrices 0, 1 are dout_c's k rows 0 .. 7 and 8 .. 15 at the

@@ -55,6 +55,16 @@ __device__ __forceinline__ void copy_rows_async(const uint16_t* m, int n, int fi
   }
 }
 
+// The real-token counts of a tile's blocks first .. first + count - 1 (count <= 16) into tokens[16],
+// 0 past count, by the block's first 16 threads; read after the block's next barrier.
+__device__ __forceinline__ void load_tile_tokens(int* tokens, const int32_t* sizes, int64_t stride,
+                                                 int first, int count) {
+  if (threadIdx.x < kRows)
+    tokens[threadIdx.x] = static_cast<int>(threadIdx.x) < count
+                              ? block_tokens(sizes, stride, first + static_cast<int>(threadIdx.x))
+                              : 0;
+}
+
 // Issues and commits (with any copies the caller issued just before) the copy of the first chunk of
 // a product's [n x D] matrix m into the stage: what stage_chunk waits for at j0 = 0.
 template <int D>

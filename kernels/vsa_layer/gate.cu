@@ -129,7 +129,7 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
   extern "C" __global__ void __launch_bounds__(128)                                           \
       fva_layer_gate_bwd_##dtype##_d##D(const fva::kern::LayerGateBackwardParams p) {         \
     /* Reads the call's inputs and the reserve, writes what no earlier kernel of the call */   \
-    /* touches: beside the fine backward's k2q inverse, chained before it. */                  \
+    /* touches: it runs beside the kernel before it (the fine backward's k2q inverse). */      \
     fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::gate_backward<T, D>(p); });     \
   }
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 64)
