@@ -9,9 +9,9 @@
 # (tools/device/kernel_times.sh: ncu, clocks left alone), takes the medians, and fits
 #     time = waves x (fixed + entries x per_entry),   waves = blocks / resident slots,
 # by least squares, then prints each configuration's time against the fit and the fixed part's
-# share of the kernel at S = 4096 and at S = 16384. A fixed part that is a large share at short
-# lists says a persistent kernel (the next block's loads under this block's last tiles and stores)
-# would gain there; a small one says the time is in the tiles themselves.
+# share of the kernel at S = 4096 and at S = 16384: how much short lists pay per block, whatever
+# that part is made of (docs/perf.md: a persistent dK/dV kernel, overlapping one item's stores with
+# the next one's loads, did not recover it).
 #   BUILD_DIR (default build-gpu), CONFIGS ("S:density ..."; default below), SMS (SM count;
 #   default: asked of PyTorch, else 132), OUT (default /tmp). Runs from the repository root (it
 #   reads the kernels' blocks per SM from kernels/shared/kernel_traits.h).
