@@ -1,5 +1,6 @@
-// The VSA layer's block means (SPEC 3b step 1, FastVideo's fused_block_mean): for q, k and v in one
-// launch, x_c[b, h, i] = dtype(sum of block i's real slots in fp32 * (1 / its size)), 0 for a block
+// The VSA layer's block means (SPEC 3b step 1, FastVideo's fused_block_mean): for up to three tensors
+// in one launch (the layer's forward runs q's and k's, then v's beside the coarse attention),
+// x_c[b, h, i] = dtype(sum of block i's real slots in fp32 * (1 / its size)), 0 for a block
 // of size 0 (FastVideo divides with the GPU's fast division, x times the fp32 reciprocal, and the
 // CPU backend, src/cpu/vsa_layer_common.h, multiplies alike). A unit of D / 8 threads per (tensor,
 // b, h, block), each thread eight columns (one 16-byte word a row, so the unit reads whole rows and
@@ -61,11 +62,17 @@ __device__ __forceinline__ void block_means(const kern::LayerMeansParams& p) {
 }  // namespace
 }  // namespace fva::dev::layer
 
+// fva_layer_means_beside_*: the same pass beside the kernel before it (v's means, beside the coarse
+// attention, which does not touch v_c; it reads the call's inputs only).
 #define FVA_LAYER_MEANS(dtype, T, D)                                                       \
   extern "C" __global__ void __launch_bounds__(128)                                        \
       fva_layer_means_##dtype##_d##D(const fva::kern::LayerMeansParams p) {                \
     fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                      \
     fva::dev::layer::block_means<T, D>(p);                                                 \
+  }                                                                                        \
+  extern "C" __global__ void __launch_bounds__(128)                                        \
+      fva_layer_means_beside_##dtype##_d##D(const fva::kern::LayerMeansParams p) {         \
+    fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::block_means<T, D>(p); });    \
   }
 FVA_LAYER_MEANS(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_MEANS(bf16, fva::dev::Bf16, 128)

@@ -8,7 +8,8 @@
 //      list, by a two-pass radix select on the scores' 16 bits (the k-th largest key, then the ties
 //      it needs in index order) and a ballot scan that writes the list in order; the weights then go
 //      to the reserve's attn rows;
-//   3. out_c[i] = dtype(attn[i]·v_c).
+//   3. out_c[i] = dtype(attn[i]·v_c), in a launch of its own (coarse_output), after v's block means,
+//      which run beside steps 1-2.
 // kv blocks of size 0 take no part: weight 0, never selected; a row lists min(topk, the blocks of
 // nonzero size) blocks, then -1 (the CPU backend's lists, src/cpu/vsa_layer_forward.cpp).
 #include "shared/layer_coarse_plan.h"
@@ -181,19 +182,46 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
                       static_cast<uint16_t*>(p.attn) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
   attn.zero_padding(rows);
   const uint16_t* k_c = static_cast<const uint16_t*>(p.k_c) + kv0 * D;
-  const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
   // The tile's q_c rows and the first chunk of k_c, one copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.q_c) + q_row0 * D, rows, 0, kRows, a);
   issue_first_chunk<D>(k_c, nkv, stage, stage_rows);
   const float scale = p.scale;
   rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
-  // v_c's first chunk flies while the warps select.
-  issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
   const int warp = threadIdx.x >> 5;
   if (warp < rows) softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
   __syncthreads();
   attn.copy_home(rows);
+}
+
+// Step 3, out_c = dtype(attn·v_c), a block of 512 threads per (b, q head, tile of 16 q blocks) as
+// in coarse_forward, after it: v's block means run beside coarse_forward (v_c is first read here),
+// so that their pass over v overlaps the coarse attention instead of preceding it. The tile's
+// weights come from the reserve's attn rows (into shared memory where the plan keeps rows there).
+template <typename T, int D>
+__device__ __forceinline__ void coarse_output(const kern::LayerCoarseForwardParams& p) {
+  extern __shared__ __align__(16) uint16_t dynamic_smem[];
+  uint16_t* const stage = dynamic_smem;
+  const int stage_rows = p.stage_rows;
+  const int bh = blockIdx.y;
+  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  const int i0 = blockIdx.x * kRows;
+  const int rows = min(kRows, p.nq - i0);
+  if (rows <= 0) return;
+  const int nkv = p.nkv;
+  const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
+  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv;
+  uint16_t* const home = static_cast<uint16_t*>(p.attn) + q_row0 * nkv;
+  const TileRows attn(stage + stage_rows * TileSmem<D>::kPitch, home, nkv, p.rows_in_smem != 0);
+  const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
+  issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
+  if (attn.in_smem) {  // the weights into their rows, a warp per row
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < rows; r += kWarps)
+      for (int j = lane; j < nkv; j += 32) attn.row(r)[j] = home[static_cast<int64_t>(r) * nkv + j];
+    attn.zero_padding(rows);
+  }
+  __syncthreads();
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
   rows_times_matrix<T, D>(attn, rows, v_c, nkv, stage, stage_rows,
                           [&](int r, int d, float o) { out_c[r * D + d] = Elem<T>::bits(o); });
@@ -207,6 +235,11 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
       fva_layer_coarse_fwd_##dtype##_d##D(const fva::kern::LayerCoarseForwardParams p) { \
     fva::dev::enter_kernel_chain(); /* primitives/kernel_chain.cuh */                     \
     fva::dev::layer::coarse_forward<T, D>(p);                                             \
+  }                                                                                       \
+  extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)         \
+      fva_layer_coarse_out_##dtype##_d##D(const fva::kern::LayerCoarseForwardParams p) { \
+    fva::dev::enter_kernel_chain();                                                       \
+    fva::dev::layer::coarse_output<T, D>(p);                                              \
   }
 FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 128)

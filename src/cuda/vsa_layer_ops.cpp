@@ -1,7 +1,8 @@
 // The whole VSA layer on the CUDA backend (SPEC section 3b), executing vsa_layer_plan.h's plan with
 // the kernels of kernels/vsa_layer/ and the fine branch's VSA kernels (vsa_ops.cpp):
-//   forward:  block means (one launch for q, k, v) -> coarse attention, softmax and selection (one
-//             launch) -> the fine VSA forward over the selected lists, into the reserve -> out =
+//   forward:  block means of q and k -> coarse attention, softmax and selection (one launch), and
+//             beside it the block means of v -> the coarse output out_c = attn·v_c -> the fine
+//             VSA forward over the selected lists, into the reserve -> out =
 //             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
 //             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
 //             of its own);
@@ -103,13 +104,11 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
   // The call's kernels, the fine branch's included, chained (kernel_images.h).
   const LaunchChain chain(h.device, h.tuning);
   {
-    // 1. Block means of q, k and v; the reserve's record cleared until the forward is done.
-    kern::LayerMeansParams mp{};
+    // 1. Block means of q and k; the reserve's record cleared until the forward is done.
     const fva_tensor_t* xs[3] = {&q, &k, &v};
     const WorkspaceRegion* outs[3] = {&r.q_c, &r.k_c, &r.v_c};
-    int64_t first = 0;
-    for (int j = 0; j < 3; ++j) {
-      kern::LayerMeansJob& job = mp.job[j];
+    auto means_job = [&](int j, int64_t first_unit) {
+      kern::LayerMeansJob job{};
       const bool is_q = j == 0;
       const fva_tensor_t& sizes = is_q ? q_block_sizes : kv_block_sizes;
       job.x = tensor4(*xs[j]);
@@ -118,15 +117,18 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
       job.sizes_stride = sizes.strides[0];
       job.H = static_cast<int32_t>(is_q ? f.Hq : f.Hkv);
       job.nblocks = is_q ? nq : nkv;
-      job.first_unit = first;
-      first += f.B * job.H * job.nblocks;
-    }
-    mp.num_jobs = 3;
+      job.first_unit = first_unit;
+      return job;
+    };
+    kern::LayerMeansParams mp{};
+    mp.job[0] = means_job(0, 0);
+    mp.job[1] = means_job(1, f.B * f.Hq * nq);
+    mp.num_jobs = 2;
     mp.B = static_cast<int32_t>(f.B);
-    mp.units = plan.mean_units;
+    mp.units = plan.mean_qk_units;
     mp.record_magic = &reserve_pointer<kern::LayerReserveHeader>(reserve, r.record)->magic;
     Launch l;
-    l.grid_x = plan.mean_blocks;
+    l.grid_x = plan.mean_qk_blocks;
     l.block = 128;
     launch("layer", kernel_name("means", f).c_str(), h.device, l, stream, mp);
 
@@ -160,14 +162,27 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     cp.scale = f.scale;
     cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
     cp.stage_rows = plan.coarse.stage_rows;
-    l.grid_x = plan.coarse_q_tiles;
-    l.grid_y = static_cast<unsigned>(f.B * f.Hq);
-    l.block = kern::kLayerCoarseThreads;
-    l.smem = static_cast<size_t>(plan.coarse.q_side_bytes);
-    launch("layer", kernel_name("coarse_fwd", f).c_str(), h.device, l, stream, cp);
+    Launch coarse;
+    coarse.grid_x = plan.coarse_q_tiles;
+    coarse.grid_y = static_cast<unsigned>(f.B * f.Hq);
+    coarse.block = kern::kLayerCoarseThreads;
+    coarse.smem = static_cast<size_t>(plan.coarse.q_side_bytes);
+    launch("layer", kernel_name("coarse_fwd", f).c_str(), h.device, coarse, stream, cp);
+
+    // 3. Block means of v, beside the coarse attention, which does not read v_c (DRAM-bound
+    // beside latency-bound), then the coarse output out_c = attn·v_c.
+    kern::LayerMeansParams vp{};
+    vp.job[0] = means_job(2, 0);
+    vp.num_jobs = 1;
+    vp.B = static_cast<int32_t>(f.B);
+    vp.units = plan.mean_v_units;
+    vp.record_magic = nullptr;
+    l.grid_x = plan.mean_v_blocks;
+    launch("layer", kernel_name("means_beside", f).c_str(), h.device, l, stream, vp);
+    launch("layer", kernel_name("coarse_out", f).c_str(), h.device, coarse, stream, cp);
   }
 
-  // 3. The fine branch over the selected lists, into the reserve, and 4. out and the
+  // 4. The fine branch over the selected lists, into the reserve, and 5. out and the
   // reserve's record: the sm_90a forward computes them in its epilogue; after the portable forward
   // the gate pass does.
   VsaLayerProblem recorded = p;

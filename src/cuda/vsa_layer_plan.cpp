@@ -58,9 +58,11 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   plan.workspace_bytes = std::max(plan.forward_workspace, plan.backward_workspace);
 
   const int64_t per_block = column_units_per_block(f.D);
-  plan.mean_units = f.B * (f.Hq * f.num_q_blocks + 2 * f.Hkv * f.num_kv_blocks);
+  plan.mean_qk_units = f.B * (f.Hq * f.num_q_blocks + f.Hkv * f.num_kv_blocks);
+  plan.mean_v_units = f.B * f.Hkv * f.num_kv_blocks;
   plan.gate_units = f.B * f.Hq * f.num_q_blocks;
-  plan.mean_blocks = blocks_for(plan.mean_units, per_block);
+  plan.mean_qk_blocks = blocks_for(plan.mean_qk_units, per_block);
+  plan.mean_v_blocks = blocks_for(plan.mean_v_units, per_block);
   plan.gate_blocks = static_cast<unsigned>(plan.gate_units);
   plan.gate_backward_blocks = blocks_for(plan.gate_units, per_block);
   plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);

@@ -52,8 +52,10 @@ struct VsaLayerPlan {
 
   // Launch shapes (kernels/vsa_layer/): units of work of the per-block passes and blocks of 128
   // threads for them; the coarse kernels' grids (x: tiles of kLayerCoarseRows rows, y: heads).
-  int64_t mean_units = 0, gate_units = 0;
-  unsigned mean_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
+  // The block means run in two launches: q's and k's before the coarse attention, v's beside it
+  // (v_c is first read by the coarse output, vsa_layer/coarse_forward.cu).
+  int64_t mean_qk_units = 0, mean_v_units = 0, gate_units = 0;
+  unsigned mean_qk_blocks = 0, mean_v_blocks = 0, gate_blocks = 0, gate_backward_blocks = 0;
   unsigned coarse_q_tiles = 0, coarse_kv_tiles = 0;
   // The coarse kernels' shared memory: tile rows in it or not, the q side's stage and the kv side's
   // chunk, and each side's dynamic bytes (shared/layer_coarse_plan.h).
