@@ -62,6 +62,136 @@ __device__ __forceinline__ int find_bin(const int* hist, int need, int* above) {
   return __shfl_sync(0xffffffffu, bin, src);
 }
 
+// Where row i of (b, h) lists its kv blocks: the reserve's list and, when given, the caller's copy.
+struct RowLists {
+  int32_t* list;
+  int32_t* user;
+  int64_t list_row;
+  __device__ __forceinline__ RowLists(const kern::LayerCoarseForwardParams& p, int b, int h, int i)
+      : list_row((static_cast<int64_t>(b) * p.Hq + h) * p.nq + i) {
+    list = p.q2k_idx + list_row * p.topk;
+    user = p.user_idx != nullptr
+               ? p.user_idx + b * p.user_idx_stride_b + h * p.user_idx_stride_h + i * p.user_idx_stride_qb
+               : nullptr;
+  }
+  // The 32 kv blocks j0 + lane (keys `key`, 0 past nkv): those above the threshold and, in index
+  // order, as many of those equal to it as the ties still need, into the list in index order.
+  // taken and ties_seen count over the warp's earlier calls.
+  __device__ __forceinline__ void pick(int j0, uint32_t key, uint32_t threshold, int ties_needed,
+                                       int k, int& taken, int& ties_seen) const {
+    const int lane = threadIdx.x & 31;
+    const unsigned lt = (1u << lane) - 1u;
+    const bool gt = key > threshold, eq = key == threshold;
+    const unsigned eq_mask = __ballot_sync(0xffffffffu, eq);
+    const bool take = gt || (eq && ties_seen + __popc(eq_mask & lt) < ties_needed);
+    const unsigned take_mask = __ballot_sync(0xffffffffu, take);
+    if (take) {
+      const int at = taken + __popc(take_mask & lt);
+      if (at < k) {
+        list[at] = j0 + lane;
+        if (user != nullptr) user[at] = j0 + lane;
+      }
+    }
+    ties_seen += __popc(eq_mask);
+    taken += __popc(take_mask);
+  }
+  // The list's unused slots (-1) and its count.
+  __device__ __forceinline__ void finish(const kern::LayerCoarseForwardParams& p, int b, int h, int i,
+                                         int k) const {
+    const int lane = threadIdx.x & 31;
+    for (int t = k + lane; t < p.topk; t += 32) {
+      list[t] = -1;
+      if (user != nullptr) user[t] = -1;
+    }
+    if (lane == 0) {
+      p.q2k_num[list_row] = k;
+      if (p.user_num != nullptr)
+        p.user_num[b * p.user_num_stride_b + h * p.user_num_stride_h + i * p.user_num_stride_qb] = k;
+    }
+  }
+};
+
+// The rows of at most kShortRowBlocks kv blocks (the lane's kv blocks lane + 32 n, n < 8) keep their
+// keys and exponentials in registers (softmax_and_select_short).
+constexpr int kShortRowSlots = 8;
+constexpr int kShortRowBlocks = 32 * kShortRowSlots;
+
+// softmax_and_select for a row of at most kShortRowBlocks kv blocks: the same results, with each
+// lane's keys and exponentials in registers. The k-th largest key comes bit by bit from the top
+// (the largest t with at least k keys >= t: 16 warp-wide counts), not from histograms, whose
+// shared-memory atomics serialize on a row's few distinct high bytes (its scores share their
+// exponents); the softmax's exponentials are computed once, for its sum, and the weights reuse
+// them.
+template <typename T>
+__device__ __forceinline__ void softmax_and_select_short(const kern::LayerCoarseForwardParams& p,
+                                                         int b, int h, int i, uint16_t* row) {
+  const int lane = threadIdx.x & 31;
+  const int nkv = p.nkv;
+  uint32_t key[kShortRowSlots];  // 0: past nkv, or a kv block of size 0
+  uint32_t taking = 0;           // bit n: the lane's n-th kv block takes part
+  float mx = -__builtin_huge_valf();
+#pragma unroll
+  for (int n = 0; n < kShortRowSlots; ++n) {
+    const int j = lane + 32 * n;
+    key[n] = 0u;
+    if (j < nkv && block_tokens(p.kv_sizes, p.kv_sizes_stride, j) > 0) {
+      const uint16_t s = row[j];
+      key[n] = score_key<T>(s);
+      mx = fmaxf(mx, Elem<T>::value(s));  // NaN scores are passed over
+      taking |= 1u << n;
+    }
+  }
+  const int taking_part = __reduce_add_sync(0xffffffffu, __popc(taking));
+  mx = warp_max(mx);
+  const int k = min(p.topk, taking_part);
+  // The k-th largest key (>= 1 for k > 0: no block of size 0 is picked), and how many are above it.
+  uint32_t threshold = 0x10000u;
+  int above = 0;
+  if (k > 0) {  // k is the warp's: every lane takes the branch
+    uint32_t t = 0;
+    for (int bit = 15; bit >= 0; --bit) {
+      const uint32_t candidate = t | (1u << bit);
+      int count = 0;
+#pragma unroll
+      for (int n = 0; n < kShortRowSlots; ++n) count += key[n] >= candidate ? 1 : 0;
+      if (__reduce_add_sync(0xffffffffu, count) >= k) t = candidate;
+    }
+    threshold = t;
+#pragma unroll
+    for (int n = 0; n < kShortRowSlots; ++n) above += key[n] > t ? 1 : 0;
+    above = __reduce_add_sync(0xffffffffu, above);
+  }
+  // The softmax's sum (each lane in index order, then the butterfly), its exponentials kept (the
+  // keys are read again from the scores below: both in registers would spill).
+  float e[kShortRowSlots];
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kShortRowSlots; ++n) {
+    const bool part = (taking >> n) & 1u;
+    e[n] = part ? expf(Elem<T>::value(row[lane + 32 * n]) - mx) : 0.0f;
+    if (part) sum += e[n];
+  }
+  sum = warp_sum(sum);
+  // The weights over the scores, and the list in index order.
+  const RowLists lists(p, b, h, i);
+  int taken = 0, ties_seen = 0;
+#pragma unroll
+  for (int n = 0; n < kShortRowSlots; ++n) {
+    const int j0 = 32 * n;
+    if (j0 >= nkv) break;  // the warp's: every lane breaks
+    const bool part = (taking >> n) & 1u;
+    uint32_t key_n = 0;
+    if (part) {
+      key_n = score_key<T>(row[j0 + lane]);
+      row[j0 + lane] = Elem<T>::bits(e[n] / sum);
+    } else if (j0 + lane < nkv) {
+      row[j0 + lane] = Elem<T>::bits(0.0f);
+    }
+    lists.pick(j0, key_n, threshold, k - above, k, taken, ties_seen);
+  }
+  lists.finish(p, b, h, i, k);
+}
+
 // Row i of (b, h): softmax over the scores in `row` (overwritten by the weights) and the selection,
 // by one warp. The kv blocks that take part are those of nonzero size; the list holds
 // min(topk, their count) of them, ascending, then -1 up to topk, and q2k_num that count.
@@ -70,7 +200,6 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
                                                    int h, int i, uint16_t* row, int* hist) {
   const int lane = threadIdx.x & 31;
   const int nkv = p.nkv;
-  const unsigned lt = (1u << lane) - 1u;
   auto valid = [&](int j) { return block_tokens(p.kv_sizes, p.kv_sizes_stride, j) > 0; };
   // Pass 1 reads the blocks' sizes; the passes after it take their answers from these bits (bit n:
   // the lane's n-th kv block, lane + 32 n, for the first 32 of them), and read again past those.
@@ -119,45 +248,20 @@ __device__ __forceinline__ void softmax_and_select(const kern::LayerCoarseForwar
     if (valid_at(n, j)) sum += expf(Elem<T>::value(row[j]) - mx);
   sum = warp_sum(sum);
   // Pass 4: the weights over the scores, and the list in index order.
-  const int64_t list_row = (static_cast<int64_t>(b) * p.Hq + h) * p.nq + i;
-  int32_t* list = p.q2k_idx + list_row * p.topk;
-  int32_t* user = p.user_idx != nullptr ? p.user_idx + b * p.user_idx_stride_b +
-                                              h * p.user_idx_stride_h + i * p.user_idx_stride_qb
-                                        : nullptr;
+  const RowLists lists(p, b, h, i);
   int taken = 0, ties_seen = 0;
   for (int j0 = 0; j0 < nkv; j0 += 32) {
     const int j = j0 + lane;
-    const bool inside = j < nkv;
-    uint32_t key = 0;
-    if (inside) {
+    uint32_t key = 0;  // past nkv: never picked
+    if (j < nkv) {
       const uint16_t s = row[j];
       const bool ok = valid_at(j0 / 32, j);
       key = ok ? score_key<T>(s) : 0u;
       row[j] = Elem<T>::bits(ok ? expf(Elem<T>::value(s) - mx) / sum : 0.0f);
     }
-    const bool gt = inside && key > threshold, eq = inside && key == threshold;
-    const unsigned eq_mask = __ballot_sync(0xffffffffu, eq);
-    const bool pick = gt || (eq && ties_seen + __popc(eq_mask & lt) < ties_needed);
-    const unsigned pick_mask = __ballot_sync(0xffffffffu, pick);
-    if (pick) {
-      const int at = taken + __popc(pick_mask & lt);
-      if (at < k) {
-        list[at] = j;
-        if (user != nullptr) user[at] = j;
-      }
-    }
-    ties_seen += __popc(eq_mask);
-    taken += __popc(pick_mask);
+    lists.pick(j0, key, threshold, ties_needed, k, taken, ties_seen);
   }
-  for (int t = k + lane; t < p.topk; t += 32) {  // the list's unused slots
-    list[t] = -1;
-    if (user != nullptr) user[t] = -1;
-  }
-  if (lane == 0) {
-    p.q2k_num[list_row] = k;
-    if (p.user_num != nullptr)
-      p.user_num[b * p.user_num_stride_b + h * p.user_num_stride_h + i * p.user_num_stride_qb] = k;
-  }
+  lists.finish(p, b, h, i, k);
 }
 
 template <typename T, int D>
@@ -189,7 +293,13 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   rows_dot_matrix<T, D>(a, rows, k_c, nkv, stage, stage_rows,
                         [&](int r, int j, float s) { attn.row(r)[j] = Elem<T>::bits(rnd<T>(s) * scale); });
   const int warp = threadIdx.x >> 5;
-  if (warp < rows) softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
+  if (warp < rows) {
+    if (nkv <= kShortRowBlocks) {
+      softmax_and_select_short<T>(p, b, h, i0 + warp, attn.row(warp));
+    } else {
+      softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
+    }
+  }
   __syncthreads();
   attn.copy_home(rows);
 }
