@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "primitives/kernel_chain.cuh"
 #include "primitives/sm80.cuh"
 #include "shared/kernel_params.h"
 
@@ -51,10 +52,18 @@ struct RecordCheck {
   }
 };
 
+// At the start of an epilogue that may add the block terms, before its record check: where the
+// kernel runs beside the kernels that write the terms (kern::BlockTerms::written_beside), it waits
+// for them here. Every thread that stores reaches it, so the kernel completes after them.
+__device__ __forceinline__ void await_block_terms(const kern::AttentionParams& p) {
+  if (p.terms.written_beside != 0) wait_for_prior_kernels();
+}
+
 // The block terms of one output row at a thread's columns 8j + 2t + {0, 1} (j < D / 8: the MMA
 // accumulator layout of every kernel that writes dq, dk or dv), loaded together before the row's
-// stores (read-only loads, so they do not wait behind the stores). pack(x0, x1, j) is the pair at
-// columns 8j + 2t + {0, 1}: dtype(dtype(x) + term) with terms, dtype(x) without.
+// stores. They load from the L2: the kernels that write the terms may have run while this kernel
+// did (await_block_terms). pack(x0, x1, j) is the pair at columns 8j + 2t + {0, 1}:
+// dtype(dtype(x) + term) with terms, dtype(x) without.
 template <typename T, int D>
 struct RowTerms {
   uint32_t w[D / 8];
@@ -68,7 +77,7 @@ struct RowTerms {
     const unsigned int* row = reinterpret_cast<const unsigned int*>(
         static_cast<const typename T::Storage*>(terms) + (unit * nblocks + s / 64) * D + 2 * t);
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) w[j] = __ldg(row + 4 * j);
+    for (int j = 0; j < D / 8; ++j) w[j] = __ldcg(row + 4 * j);
   }
   __device__ __forceinline__ uint32_t pack(float x0, float x1, int j) const {
     if (!on) return T::pack(x0, x1);

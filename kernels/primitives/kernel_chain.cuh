@@ -34,6 +34,15 @@ __device__ __forceinline__ void enter_kernel_chain() {
   wait_for_prior_kernels();
 }
 
+// The entry of the generated kernels (kernels/CMakeLists.txt). `beside`
+// (kern::runs_beside_prior_kernels): the kernel does not wait at entry; it waits where it first
+// reads what the kernels before it write (await_block_terms, primitives/block_terms.cuh), which
+// every thread that stores its results reaches, so it still completes after them.
+__device__ __forceinline__ void enter_kernel_chain(bool beside) {
+  allow_next_kernel();
+  if (!beside) wait_for_prior_kernels();
+}
+
 // Runs `body` as a kernel that depends on nothing earlier in its call (it reads the call's inputs
 // and writes memory no earlier kernel of the call touches: the backward's Delta), so it overlaps
 // the kernel before it; it still waits for that kernel before it exits, which keeps the chain's

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "shared/host_device.h"
 #include "shared/kernel_traits.h"
 #include "shared/layer_reserve_record.h"
 
@@ -59,6 +60,14 @@ struct BlockTerms {
   const void* dk;  // [B, Hkv, num_kv_blocks, D]
   const void* dv;  // [B, Hkv, num_kv_blocks, D]
   LayerReserveCheck check;
+  // Nonzero: the kernels just before this launch in the call write the terms and nothing else it
+  // reads, and everything else it reads was complete when it was launched (the layer's backward:
+  // its coarse backward's q side lets the kv side's dependents launch only once the gate pass has
+  // completed). The kernel then runs beside them and waits for them only in its epilogue, before
+  // its record check, which every storing thread reaches, so it still completes after them
+  // (primitives/kernel_chain.cuh, runs_beside_prior_kernels below). The host keeps it for the first
+  // gradient kernel of an sm_90a backward and clears it for the others.
+  int32_t written_beside;
 };
 
 // Which key (forward, dQ) or query (dK/dV) tiles a block visits, and how they are masked.
@@ -160,6 +169,17 @@ struct Sm90BackwardParams {
   void* ds_tiles;
   int32_t kv_unit0, ds_q_tiles, ds_slots;
 };
+
+// Whether a launch runs beside the kernels before it in its call until it reads what they write
+// (BlockTerms::written_beside): the generated kernels' entry asks (kernels/CMakeLists.txt). Only
+// the sm_90a backward's kernels honour it; every other parameter block waits at entry.
+template <typename Params>
+FVA_HD bool runs_beside_prior_kernels(const Params&) {
+  return false;
+}
+FVA_HD bool runs_beside_prior_kernels(const Sm90BackwardParams& p) {
+  return p.a.terms.written_beside != 0;
+}
 
 // NVFP4 fake quantization of the tokens of [B, H, S, D] tensors (Q/K/V preparation and
 // fva_nvfp4_fake_quantize): groups of 16 along D, tiles of `tile_tokens` tokens per (b, h). One

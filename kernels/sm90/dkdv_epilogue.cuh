@@ -46,6 +46,7 @@ __device__ __forceinline__ void store_dkdv(const kern::AttentionParams& p, const
                                            int rows, int slot_base, int t, const float (&dk)[D / 2],
                                            const float (&dv)[D / 2]) {
   using E = typename T::Storage;
+  await_block_terms(p);
   if (!check.passes(p)) return;
   E* dkg = static_cast<E*>(p.dk.data) + b * p.dk.stride_b + hk * p.dk.stride_h;
   E* dvg = static_cast<E*>(p.dv.data) + b * p.dv.stride_b + hk * p.dv.stride_h;

@@ -18,6 +18,7 @@ __device__ __forceinline__ void store_dq(const kern::AttentionParams& p, const R
                                          const float (&ds_sum)[2]) {
   using E = typename T::Storage;
   const float rowsum[2] = {quad_sum(ds_sum[0]), quad_sum(ds_sum[1])};
+  await_block_terms(p);
   if (!check.passes(p)) return;  // the VSA layer's record disagrees: write nothing
   E* dqg = static_cast<E*>(p.dq.data) + b * p.dq.stride_b + h * p.dq.stride_h;
 #pragma unroll

@@ -63,6 +63,10 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
     prefetch_l1(attn + at);  // a 128-byte line each
   load_tile_tokens(row_tokens, p.q_sizes, p.q_sizes_stride, i0, rows);
   wait_for_prior_kernels();  // dout_c is the gate pass's
+  // Only now may the kv side's dependents launch: the fine backward's first gradient kernel runs
+  // beside this kernel and the kv side, and reads Delta, which the gate pass writes
+  // (kern::BlockTerms::written_beside).
+  allow_next_kernel();
   // The tile's dout_c rows, the second copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);
   cp_async_commit();
@@ -226,9 +230,10 @@ __device__ __forceinline__ void coarse_backward_kv(const kern::LayerCoarseBackwa
 #define FVA_LAYER_COARSE_BACKWARD(dtype, T, D)                                                 \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
       fva_layer_coarse_bwd_q_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {   \
-    /* waits inside once the reserve's operands are on their way, and on every path before */ \
-    /* it exits (primitives/kernel_chain.cuh) */                                              \
-    fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::coarse_backward_q<T, D>(p); }); \
+    /* waits inside once the reserve's operands are on their way, then lets the next */        \
+    /* kernel launch; waits on every path before it exits (primitives/kernel_chain.cuh) */     \
+    fva::dev::layer::coarse_backward_q<T, D>(p);                                               \
+    fva::dev::wait_for_prior_kernels();                                                        \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)              \
       fva_layer_coarse_bwd_kv_##dtype##_d##D(const fva::kern::LayerCoarseBackwardParams p) {  \

@@ -285,6 +285,9 @@ void sm90_stored_ds_backward_launch(const fva_handle& h, Sm90Kind kind,
     // heads (sm90/attention_dq_from_ds.cuh: kDsStages ring stages, four blocks per SM). The
     // chunks reuse the tiles' workspace in stream order.
     dkdv_launch(h, kind, params, D, dtype, Dkdv::kStoresDs, units, stream);
+    // Only the first dK/dV may run beside the kernels before it (kern::BlockTerms::written_beside):
+    // every later kernel reads what the one before it writes.
+    params.a.terms.written_beside = 0;
     launch("sm90", dq.c_str(), h.device, query_tile_launch(a, units * (a.Hq / a.Hkv), dq_smem),
            stream, params);
   }

@@ -243,6 +243,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
       return;
     }
     sm90_dq_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
+    native.a.terms.written_beside = 0;  // only the first gradient kernel runs beside
     sm90_dkdv_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, stream);
     return;
   }
