@@ -62,11 +62,12 @@ struct BlockTerms {
   LayerReserveCheck check;
   // Nonzero: the kernels just before this launch in the call write the terms and nothing else it
   // reads, and everything else it reads was complete when it was launched (the layer's backward:
-  // its coarse backward's q side lets the kv side's dependents launch only once the gate pass has
-  // completed). The kernel then runs beside them and waits for them only in its epilogue, before
-  // its record check, which every storing thread reaches, so it still completes after them
-  // (primitives/kernel_chain.cuh, runs_beside_prior_kernels below). The host keeps it for the first
-  // gradient kernel of an sm_90a backward and clears it for the others.
+  // its coarse backward's q side lets the kv side launch only once the gate pass has completed,
+  // and this kernel launches only once every block of the kv side runs). The kernel then runs
+  // beside them and waits for them only in its epilogue, before its record check, which every
+  // storing thread reaches, so it still completes after them (primitives/kernel_chain.cuh,
+  // runs_beside_prior_kernels below). The host keeps it for the first gradient kernel of an sm_90a
+  // backward and clears it for the others.
   int32_t written_beside;
 };
 
