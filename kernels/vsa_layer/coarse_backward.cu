@@ -42,13 +42,10 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;
   const int stage_rows = p.stage_rows;
-  const int bh = blockIdx.y;
-  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  const int i0 = blockIdx.x * kRows;
-  const int rows = min(kRows, p.nq - i0);
+  const CoarseQTile tile(p);
+  const int i0 = tile.i0, rows = tile.rows;
   if (rows <= 0) return;
-  const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
-  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
+  const int64_t q_row0 = tile.q_row0, kv0 = tile.kv0;
   const int nkv = p.nkv;
   const TileRows dmm(stage + stage_rows * TileSmem<D>::kPitch,
                      static_cast<uint16_t*>(p.dmm) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
@@ -63,9 +60,9 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
     prefetch_l1(attn + at);  // a 128-byte line each
   load_tile_tokens(row_tokens, p.q_sizes, p.q_sizes_stride, i0, rows);
   wait_for_prior_kernels();  // dout_c is the gate pass's
-  // Only now may the kv side's dependents launch: the fine backward's first gradient kernel runs
-  // beside this kernel and the kv side, and reads Delta, which the gate pass writes
-  // (kern::BlockTerms::written_beside).
+  // Only now may the kv side launch: the fine backward's first gradient kernel, which launches once
+  // every block of the kv side runs, runs beside both coarse kernels and reads Delta, which the gate
+  // pass writes (kern::BlockTerms::written_beside).
   allow_next_kernel();
   // The tile's dout_c rows, the second copy in flight.
   copy_rows_async<D>(static_cast<const uint16_t*>(p.dout_c) + q_row0 * D, rows, 0, kRows, a);

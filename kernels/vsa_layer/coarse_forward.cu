@@ -274,14 +274,11 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;
   const int stage_rows = p.stage_rows;
-  const int bh = blockIdx.y;
-  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  const int i0 = blockIdx.x * kRows;
-  const int rows = min(kRows, p.nq - i0);
+  const CoarseQTile tile(p);
+  const int rows = tile.rows;
   if (rows <= 0) return;
   const int nkv = p.nkv;
-  const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
-  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv;
+  const int64_t q_row0 = tile.q_row0, kv0 = tile.kv0;
   const TileRows attn(stage + stage_rows * TileSmem<D>::kPitch,
                       static_cast<uint16_t*>(p.attn) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
   attn.zero_padding(rows);
@@ -295,9 +292,10 @@ __device__ __forceinline__ void coarse_forward(const kern::LayerCoarseForwardPar
   const int warp = threadIdx.x >> 5;
   if (warp < rows) {
     if (nkv <= kShortRowBlocks) {
-      softmax_and_select_short<T>(p, b, h, i0 + warp, attn.row(warp));
+      softmax_and_select_short<T>(p, tile.b, tile.h, tile.i0 + warp, attn.row(warp));
     } else {
-      softmax_and_select<T>(p, b, h, i0 + warp, attn.row(warp), hist + 256 * warp);
+      softmax_and_select<T>(p, tile.b, tile.h, tile.i0 + warp, attn.row(warp),
+                            hist + 256 * warp);
     }
   }
   __syncthreads();
@@ -313,24 +311,17 @@ __device__ __forceinline__ void coarse_output(const kern::LayerCoarseForwardPara
   extern __shared__ __align__(16) uint16_t dynamic_smem[];
   uint16_t* const stage = dynamic_smem;
   const int stage_rows = p.stage_rows;
-  const int bh = blockIdx.y;
-  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  const int i0 = blockIdx.x * kRows;
-  const int rows = min(kRows, p.nq - i0);
+  const CoarseQTile tile(p);
+  const int rows = tile.rows;
   if (rows <= 0) return;
   const int nkv = p.nkv;
-  const int64_t q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
-  const int64_t kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * nkv;
-  uint16_t* const home = static_cast<uint16_t*>(p.attn) + q_row0 * nkv;
-  const TileRows attn(stage + stage_rows * TileSmem<D>::kPitch, home, nkv, p.rows_in_smem != 0);
+  const int64_t q_row0 = tile.q_row0, kv0 = tile.kv0;
+  const TileRows attn(stage + stage_rows * TileSmem<D>::kPitch,
+                      static_cast<uint16_t*>(p.attn) + q_row0 * nkv, nkv, p.rows_in_smem != 0);
   const uint16_t* v_c = static_cast<const uint16_t*>(p.v_c) + kv0 * D;
   issue_first_chunk<D>(v_c, nkv, stage, stage_rows);
-  if (attn.in_smem) {  // the weights into their rows, a warp per row
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int r = warp; r < rows; r += kWarps)
-      for (int j = lane; j < nkv; j += 32) attn.row(r)[j] = home[static_cast<int64_t>(r) * nkv + j];
-    attn.zero_padding(rows);
-  }
+  attn.copy_from_home(rows);  // the weights into their rows (where the plan keeps them there)
+  attn.zero_padding(rows);
   __syncthreads();
   uint16_t* out_c = static_cast<uint16_t*>(p.out_c) + q_row0 * D;
   rows_times_matrix<T, D>(attn, rows, v_c, nkv, stage, stage_rows,

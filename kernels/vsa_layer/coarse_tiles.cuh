@@ -26,6 +26,26 @@ constexpr int kThreads = kern::kLayerCoarseThreads;  // 512
 constexpr int kWarps = kThreads / 32;               // 16
 static_assert(kWarps == kRows, "the row-wise passes give each warp one row of the tile");
 
+// The tile of kRows q blocks that a q-side block of the coarse kernels covers (grid: x the tiles,
+// y the (b, q head) units), from either direction's parameter block (Hq, Hkv, nq, nkv): its q
+// blocks i0 .. i0 + rows - 1 (rows <= 0: the block has none), their first row in the [B, Hq, nq,
+// *] matrices (q_row0), and its kv head's first row in the [B, Hkv, nkv, *] ones (kv0).
+struct CoarseQTile {
+  int b, h, hk, i0, rows;
+  int64_t q_row0, kv0;
+  template <typename Params>
+  __device__ __forceinline__ explicit CoarseQTile(const Params& p) {
+    const int bh = blockIdx.y;
+    b = bh / p.Hq;
+    h = bh % p.Hq;
+    hk = h / (p.Hq / p.Hkv);
+    i0 = blockIdx.x * kRows;
+    rows = min(kRows, p.nq - i0);
+    q_row0 = static_cast<int64_t>(bh) * p.nq + i0;
+    kv0 = (static_cast<int64_t>(b) * p.Hkv + hk) * p.nkv;
+  }
+};
+
 template <int D>
 struct TileSmem {
   static constexpr int kPitch = D + 8;              // elements of a staged 16-bit row
@@ -132,7 +152,8 @@ __device__ __forceinline__ void rows_dot_matrix(const uint16_t* a, int rows, con
 // k16 steps plus 8 elements, so that rows_times_matrix's ldmatrix reads 16-byte aligned rows in
 // distinct banks, and zero_padding() makes what lies past the rows and columns that exist read as
 // zeros; at home the pitch is n (contiguous rows). copy_home() writes the shared rows to their
-// home (the caller synchronizes first); with the rows at home already it does nothing.
+// home (the caller synchronizes first) and copy_from_home() reads them back from it (the caller
+// synchronizes after); with the rows at home both do nothing.
 struct TileRows {
   uint16_t* base;
   int64_t pitch;
@@ -164,6 +185,13 @@ struct TileRows {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int r = warp; r < rows; r += kWarps)
       for (int64_t j = lane; j < n; j += 32) home[r * n + j] = base[r * pitch + j];
+  }
+  __device__ __forceinline__ void copy_from_home(int rows) const {
+    if (!in_smem) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cols = static_cast<int>(n);
+    for (int r = warp; r < rows; r += kWarps)
+      for (int j = lane; j < cols; j += 32) row(r)[j] = home[static_cast<int64_t>(r) * n + j];
   }
 };
 

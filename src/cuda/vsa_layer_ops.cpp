@@ -301,8 +301,9 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
 
   // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
   // The first of them runs beside the coarse backward, which writes the terms alone: its q side
-  // lets the kv side's dependents launch only once the gate pass (Delta) and the inverse before it
-  // have completed (kern::BlockTerms::written_beside).
+  // lets the kv side launch only once the gate pass (Delta) and the inverse before it have
+  // completed, and the first of them launches only once every block of the kv side runs
+  // (kern::BlockTerms::written_beside).
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check, /*written_beside=*/1};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
                kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_written=*/true,
