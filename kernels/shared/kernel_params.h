@@ -116,6 +116,13 @@ struct Sm90FusedLayerGate {
   // The forward's last kernel writes the reserve's whole record (block (0, 0), thread 0).
   LayerReserveHeader* record;
   LayerReserveHeader record_value;
+  // Nonzero: the kernel just before the forward in the call writes out_c and nothing else the
+  // forward reads, and lets the forward launch only after its own wait, so everything else the
+  // forward reads was complete at its launch (the layer's coarse output, vsa_layer/coarse_forward.cu).
+  // The forward then runs beside it and waits for it only before its epilogue reads out_c
+  // (await_layer_out_c, sm90/fused_layer_gate.cuh), which every block reaches, so it still
+  // completes after it.
+  int32_t out_c_beside;
 };
 
 // The sm_90a forward (kernels/sm90/): the portable parameters plus TMA maps of the tensors the
@@ -172,14 +179,18 @@ struct Sm90BackwardParams {
 };
 
 // Whether a launch runs beside the kernels before it in its call until it reads what they write
-// (BlockTerms::written_beside): the generated kernels' entry asks (kernels/CMakeLists.txt). Only
-// the sm_90a backward's kernels honour it; every other parameter block waits at entry.
+// (BlockTerms::written_beside, Sm90FusedLayerGate::out_c_beside): the generated kernels' entry
+// asks (kernels/CMakeLists.txt). Only the sm_90a backward's kernels and the sm_90a VSA forward of
+// the layer's call honour it; every other parameter block waits at entry.
 template <typename Params>
 FVA_HD bool runs_beside_prior_kernels(const Params&) {
   return false;
 }
 FVA_HD bool runs_beside_prior_kernels(const Sm90BackwardParams& p) {
   return p.a.terms.written_beside != 0;
+}
+FVA_HD bool runs_beside_prior_kernels(const Sm90ForwardParams& p) {
+  return p.layer_gate.out_c_beside != 0;
 }
 
 // NVFP4 fake quantization of the tokens of [B, H, S, D] tensors (Q/K/V preparation and

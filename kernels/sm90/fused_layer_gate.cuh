@@ -8,6 +8,7 @@
 // stores are whole 16-byte vectors of consecutive addresses.
 #pragma once
 
+#include "primitives/kernel_chain.cuh"
 #include "primitives/sm90.cuh"
 #include "sm90/compact_tiles.cuh"
 #include "vsa_layer/layer_common.cuh"
@@ -24,18 +25,22 @@ __device__ __forceinline__ const uint16_t* layer_out_c_row(const kern::Sm90Fused
 
 // Before the epilogue stages o: asks the L2 for the block's out_c row and 64 gate rows, so that
 // their DRAM latency passes while the epilogue normalizes and stages o, and fused_layer_gate's
-// loads find them in the L2 (prefetches: no register, no wait).
+// loads find them in the L2 (prefetches: no register, no wait). Where the forward runs beside the
+// coarse output (Sm90FusedLayerGate::out_c_beside), it first waits for that kernel, which writes
+// out_c: every block reaches this point, so the forward completes after it.
 template <int D>
 __device__ __forceinline__ void prefetch_layer_gate(const kern::Sm90FusedLayerGate& G,
                                                     const kern::AttentionParams& p, int tid) {
   constexpr int kLinesPerRow = D * 2 / 128;  // 128-byte lines of a row: 2 (D = 128), 1 (D = 64)
   const CompactBlock at(p, opaque(blockIdx.x), opaque(blockIdx.y));
-  if (tid < kLinesPerRow) prefetch_l2(layer_out_c_row<D>(G, at) + tid * 64);
-  if (G.gate.data == nullptr) return;
-  for (int l = tid; l < 64 * kLinesPerRow; l += kern::kWarpgroupThreads) {
-    const int r = l / kLinesPerRow, part = l % kLinesPerRow;
-    prefetch_l2(layer::row_of(G.gate, at.b, at.h, at.row0 + r) + part * 64);
+  if (G.gate.data != nullptr) {
+    for (int l = tid; l < 64 * kLinesPerRow; l += kern::kWarpgroupThreads) {
+      const int r = l / kLinesPerRow, part = l % kLinesPerRow;
+      prefetch_l2(layer::row_of(G.gate, at.b, at.h, at.row0 + r) + part * 64);
+    }
   }
+  if (G.out_c_beside != 0) wait_for_prior_kernels();
+  if (tid < kLinesPerRow) prefetch_l2(layer_out_c_row<D>(G, at) + tid * 64);
 }
 
 // After store_forward_outputs_tma (its barrier has made the staged tile visible to every thread;

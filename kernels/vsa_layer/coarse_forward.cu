@@ -339,7 +339,10 @@ __device__ __forceinline__ void coarse_output(const kern::LayerCoarseForwardPara
   }                                                                                       \
   extern "C" __global__ void __launch_bounds__(fva::kern::kLayerCoarseThreads, 2)         \
       fva_layer_coarse_out_##dtype##_d##D(const fva::kern::LayerCoarseForwardParams p) { \
-    fva::dev::enter_kernel_chain();                                                       \
+    /* Waits, then lets the fine forward launch: it runs beside this kernel on the lists */ \
+    /* and means complete by then (kern::Sm90FusedLayerGate::out_c_beside). */           \
+    fva::dev::wait_for_prior_kernels();                                                   \
+    fva::dev::allow_next_kernel();                                                        \
     fva::dev::layer::coarse_output<T, D>(p);                                              \
   }
 FVA_LAYER_COARSE_FORWARD(bf16, fva::dev::Bf16, 64)

@@ -182,9 +182,9 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
     launch("layer", kernel_name("coarse_out", f).c_str(), h.device, coarse, stream, cp);
   }
 
-  // 4. The fine branch over the selected lists, into the reserve, and 5. out and the
-  // reserve's record: the sm_90a forward computes them in its epilogue; after the portable forward
-  // the gate pass does.
+  // 4. The fine branch over the selected lists, into the reserve, beside the coarse output, and
+  // 5. out and the reserve's record: the sm_90a forward computes them in its epilogue, once the
+  // coarse output has completed; after the portable forward the gate pass does.
   VsaLayerProblem recorded = p;
   recorded.gate = gate != nullptr;
   kern::Sm90FusedLayerGate fused{};
@@ -194,6 +194,9 @@ void vsa_layer_forward(const fva_handle& h, const VsaLayerProblem& p, const fva_
   fused.nq = nq;
   fused.record = reserve_pointer<kern::LayerReserveHeader>(reserve, r.record);
   fused.record_value = vsa_layer_record(recorded);
+  // The coarse output just before writes out_c and nothing else the forward reads, and lets it
+  // launch only once the lists are complete: the forward runs beside it until its epilogue.
+  fused.out_c_beside = 1;
   if (vsa_forward(h, f, q, k, v, fine.q2k_idx, fine.q2k_num, kv_block_sizes, fine.out_s, fine.lse_s,
                   workspace_pointer<char>(ws, plan.forward_fine), stream, &fused))
     return;
