@@ -27,7 +27,11 @@
 #   --topk 26": then the VSA layer's GPU suite, test_gpu_vsa_layer, runs with the tests, natively
 #   and with the portable kernels, and after the A/B the layer's bench alternates base and new
 #   ROUNDS times; summary.txt gets each round's layer and fine-branch milliseconds and the layer
-#   over its fine branch).
+#   over its fine branch), LAYER_KERNEL_TIMES (optional, with LAYER: a kernel-name regex, e.g.
+#   "layer|vsa_fwd"; each build's launches of those kernels during the layer's bench, timed by
+#   tools/device/kernel_times.sh, end summary.txt, a line per launch), LAYER_TIMELINE (optional,
+#   with LAYER: 1 runs tools/lab/layer_timeline.py on each build's library at the layer's grid,
+#   heads and topk, and its kernel timelines end summary.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab-check}
 mkdir -p "$OUT"
@@ -159,6 +163,26 @@ for r in range(1, rounds + 1):
 for op in ops:
     print(f"{op:40s} {', '.join(rows[op]['base']):>24s} {', '.join(rows[op]['new']):>24s}")
 PY
+  for name in base new; do
+    b=$B
+    [ "$name" = base ] && b=$base_dir/build-gpu
+    if [ -n "${LAYER_KERNEL_TIMES:-}" ]; then
+      note "== kernel times ($name, ncu, the layer's bench: $LAYER)"
+      BUILD_DIR=$b KERNELS="$LAYER_KERNEL_TIMES" BENCH_ARGS="--ops layer $LAYER" SEQ=layer OUT="$work/ltimes-$name" \
+        timeout 120 tools/device/kernel_times.sh 2>&1 | grep -v ' sum ' | tee -a "$summary"
+    fi
+    if [ -n "${LAYER_TIMELINE:-}" ]; then
+      # --layer T,H,W --heads N --topk K: the same shape for the timeline's options (the bench's
+      # defaults where LAYER leaves one out).
+      # shellcheck disable=SC2086
+      read -r grid heads topk < <(python3 -c "import sys; a = sys.argv[1:]; \
+print(a[a.index('--layer') + 1], a[a.index('--heads') + 1] if '--heads' in a else 8, \
+a[a.index('--topk') + 1] if '--topk' in a else 78)" $LAYER)
+      note "== layer timeline ($name)"
+      timeout 120 python3 tools/lab/layer_timeline.py --lib "$b/src/libfvattn.so.1" --grid "$grid" \
+        --heads "$heads" --topk "$topk" 2>&1 | grep -v -i warn | tee -a "$summary"
+    fi
+  done
 fi
 if [ -n "${TIMELINE:-}" ]; then
   traced="-DFVA_TRACE_TILES ${TIMELINE_FLAGS:-}"
