@@ -120,7 +120,10 @@ __device__ __forceinline__ void attention_delta(const kern::AttentionParams& p) 
 // The block's addition to Delta's count (AttentionParams::delta_done), made once its rows are
 // written and the kernel has waited for the kernels chained before it.
 __device__ __forceinline__ void count_delta_block(const kern::AttentionParams& p) {
-  if (p.delta_done != nullptr) count_finished_block(p.delta_done);
+  if (p.delta_done == nullptr) return;
+  __threadfence();  // this thread's rows, visible at gpu scope before the count
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(p.delta_done, 1);
 }
 
 // The host sizes Delta's grid by kern::delta_rows_per_warp.

@@ -54,14 +54,4 @@ __device__ __forceinline__ void run_beside_prior_kernels(Body&& body) {
   wait_for_prior_kernels();
 }
 
-// A block's addition to a count that a kernel later in the call waits for instead of waiting for
-// this kernel's completion (the VSA backward's inverse waits for Delta's writers so), made by every
-// thread of the block once its writes are done: each thread's writes are visible at gpu scope
-// before thread 0 adds 1.
-__device__ __forceinline__ void count_finished_block(int* count) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(count, 1);
-}
-
 }  // namespace fva::dev

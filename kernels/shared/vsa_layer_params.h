@@ -101,10 +101,6 @@ struct LayerGateBackwardParams {
   // as written.
   const void* out_s;
   float* delta;
-  // Not null: each block adds 1 here once its writes are done (the grid strides over the units),
-  // and the fine backward's k2q inverse, launched beside this pass, waits for the count instead of
-  // for the pass's completion (kern::InvertParams::delta_done).
-  int32_t* done;
 };
 
 // The coarse attention's backward for its q side (vsa_layer/coarse_backward.cu), a block per (b, q

@@ -59,7 +59,7 @@ __device__ __forceinline__ void coarse_backward_q(const kern::LayerCoarseBackwar
   for (int64_t at = 64 * threadIdx.x; at < static_cast<int64_t>(rows) * nkv; at += 64 * kThreads)
     prefetch_l1(attn + at);  // a 128-byte line each
   load_tile_tokens(row_tokens, p.q_sizes, p.q_sizes_stride, i0, rows);
-  wait_for_prior_kernels();  // dout_c is the gate pass's (the inverse before it waits for it)
+  wait_for_prior_kernels();  // dout_c is the gate pass's
   // Only now may the kv side launch: the fine backward's first gradient kernel, which launches once
   // every block of the kv side runs, runs beside both coarse kernels and reads Delta, which the gate
   // pass writes (kern::BlockTerms::written_beside).

@@ -51,11 +51,13 @@ __device__ __forceinline__ void gate_forward(const kern::LayerGateParams& p) {
 
 // ---- backward: dgate and dout_c ----------------------------------------------------------------------
 
-// One unit of the gate's backward: a 64-slot block of one (b, h), by kThreadsPerUnit threads.
 template <typename T, int D>
-__device__ __forceinline__ void gate_backward_unit(const kern::LayerGateBackwardParams& p,
-                                                   int64_t unit) {
+__device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParams& p) {
+  if (!reserve_matches(p.check)) return;
   constexpr int kThreadsPerUnit = D / 8;
+  constexpr int kUnitsPerBlock = kPassThreads / kThreadsPerUnit;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kUnitsPerBlock + threadIdx.x / kThreadsPerUnit;
+  if (unit >= p.units) return;
   const int i = static_cast<int>(unit % p.nq);
   const int64_t bh = unit / p.nq;
   const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
@@ -115,18 +117,6 @@ __device__ __forceinline__ void gate_backward_unit(const kern::LayerGateBackward
   reinterpret_cast<uint4*>(p.dout_c)[(bh * p.nq + i) * (D / 8) + c] = pack8<T>(sum);
 }
 
-// The gate's backward: the grid strides over the units (the host may size it to stay resident
-// beside the k2q inverse, src/cuda/vsa_layer_plan.cpp).
-template <typename T, int D>
-__device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParams& p) {
-  if (!reserve_matches(p.check)) return;
-  constexpr int kUnitsPerBlock = kPassThreads / (D / 8);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kUnitsPerBlock;
-  for (int64_t unit = static_cast<int64_t>(blockIdx.x) * kUnitsPerBlock + threadIdx.x / (D / 8);
-       unit < p.units; unit += stride)
-    gate_backward_unit<T, D>(p, unit);
-}
-
 }  // namespace
 }  // namespace fva::dev::layer
 
@@ -139,10 +129,8 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
   extern "C" __global__ void __launch_bounds__(128)                                           \
       fva_layer_gate_bwd_##dtype##_d##D(const fva::kern::LayerGateBackwardParams p) {         \
     /* Reads the call's inputs and the reserve, writes what no earlier kernel of the call */   \
-    /* touches: it runs beside the kernel before it. With a count (p.done), every block adds */ \
-    /* to it, whatever its work, for the k2q inverse launched beside it. */                      \
+    /* touches: it runs beside the kernel before it (the fine backward's k2q inverse). */      \
     fva::dev::run_beside_prior_kernels([&] { fva::dev::layer::gate_backward<T, D>(p); });     \
-    if (p.done != nullptr) fva::dev::count_finished_block(p.done);                             \
   }
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 64)
 FVA_LAYER_PASSES(bf16, fva::dev::Bf16, 128)

@@ -39,8 +39,7 @@ void nvfp4_fake_quantize(const fva_handle& h, const Nvfp4Problem& p, const fva_t
 size_t vsa_forward_workspace(const fva_handle& h, const VsaProblem& p);
 // layer_gate (the VSA layer's forward; null for fva_vsa_forward): the layer's output pass, which
 // the sm_90a kernel runs in its epilogue (kern::Sm90FusedLayerGate). Returns whether it ran; if
-// not (the portable kernels, or a gate or out the TMA cannot map), the caller runs the pass on its
-// own.
+// not (the portable kernels), the caller runs the pass on its own.
 bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
@@ -53,15 +52,13 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 // block means' terms its kernels add to every row of dq, dk and dv, and the reserve record they
 // check before writing (kern::BlockTerms).
 //
-// write_delta (not null): launches the caller's kernel that writes Delta = rowsum(o * dout) into
-// ws's Delta region (vsa_backward_delta, fp32 [B, Hq, Sq]) with the bits the Delta kernel computes
-// (the VSA layer's gate pass, which reads dout anyway), in place of the backward's own Delta, and
-// returns its grid's block count. It is called where the backward would launch its Delta: first,
-// with a count (zeroed) that every block of the kernel must add 1 to once its writes are done,
-// the k2q inverse then running beside it and its last kernel waiting for the count; or, where the
-// backward does not order its dK/dV blocks, with null, after the inverse, chained as usual.
-// before_gradients (not null): launches kernels that the caller chains after the k2q inverse and
-// before the kernels that write dq, dk and dv (the VSA layer's coarse backward).
+// delta_written: Delta = rowsum(o * dout) is already in ws's Delta region (vsa_backward_delta,
+// fp32 [B, Hq, Sq]), written by a kernel earlier in the call's launch chain (the VSA layer's gate
+// pass, which reads dout anyway), with the bits the Delta kernel computes; the backward then runs
+// no Delta of its own. before_gradients (not null): launches kernels that the caller chains after
+// the k2q inverse and before the kernels that write dq, dk and dv (the VSA layer's gate pass and
+// coarse backward, which then run beside the inverse's last kernel, the inverse's latency hidden
+// under the gate's pass over memory); with delta_written, one of them may be what writes Delta.
 size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p);
 float* vsa_backward_delta(const fva_handle& h, const VsaProblem& p, void* ws);
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
@@ -70,7 +67,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms = nullptr,
-                  const std::function<unsigned(int32_t*)>* write_delta = nullptr,
+                  bool delta_written = false,
                   const std::function<void()>* before_gradients = nullptr);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a

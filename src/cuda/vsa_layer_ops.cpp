@@ -6,15 +6,14 @@
 //             out_c * gate + out_s, which also writes the reserve's record (in the sm_90a
 //             forward's epilogue, kern::Sm90FusedLayerGate; after the portable forward, a pass
 //             of its own);
-//   backward: dgate, dout_c and the fine backward's Delta (one pass over dout), and beside it the
-//             fine backward's k2q inverse -> the coarse backward's q side, then its kv side,
-//             which leave the block means' terms -> the fine VSA backward's dK/dV and dQ, which
-//             write dq, dk and dv with each block's term added (kern::BlockTerms: no pass of its
-//             own).
+//   backward: the fine backward's k2q inverse, and beside it dgate, dout_c and the fine
+//             backward's Delta (one pass over dout) -> the coarse backward's q side, then its kv
+//             side, which leave the block means' terms -> the fine VSA backward's dK/dV and dQ,
+//             which write dq, dk and dv with each block's term added (kern::BlockTerms: no pass
+//             of its own).
 // Each call's kernels, the fine branch's included, form one chain of programmatic launches
-// (kernel_images.h); the backward's chain starts with the gate pass (DRAM-bound, its grid sized to
-// stay resident), beside which the fine branch's k2q inverse (latency-bound, a few blocks) runs,
-// its last kernel waiting for the pass's count of finished blocks. Nothing is read back on
+// (kernel_images.h); the backward's chain starts with the fine branch's k2q inverse (latency-bound,
+// a few blocks), beside whose last kernel the gate pass (DRAM-bound) runs. Nothing is read back on
 // the host and nothing synchronizes: the backward's kernels, the fine branch's included, check the
 // reserve's record on the device, and where it is not the record of a forward of this call's
 // problem they write nothing.
@@ -243,14 +242,12 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   void* const dk_term = workspace_pointer<char>(ws, plan.dk_term);
   void* const dv_term = workspace_pointer<char>(ws, plan.dv_term);
   void* const fine_ws = workspace_pointer<char>(ws, plan.backward_fine);
-  // The call's kernels, the fine branch's included, chained (kernel_images.h): the gate pass first
-  // (it writes the fine backward's Delta: the fine backward's write_delta hook), the fine
-  // backward's k2q inverse beside it, then (before_gradients) the coarse backward, then the fine
-  // kernels that write dq, dk and dv.
+  // The call's kernels, the fine branch's included, chained (kernel_images.h): the fine backward's
+  // k2q inverse, then (its hook, before_gradients) the layer's own kernels, the first of them beside
+  // the inverse's last kernel, then the fine kernels that write dq, dk and dv.
   const LaunchChain chain(h.device, h.tuning);
-  const std::function<unsigned(int32_t*)> gate_pass = [&](int32_t* done) {
-    // 1. dgate, dout_c = the coarse output's gradient, and the fine backward's Delta; with a
-    // count, the inverse's last kernel waits for it instead of for this kernel.
+  const std::function<void()> layer_kernels = [&] {
+    // 1. dgate, dout_c = the coarse output's gradient, and the fine backward's Delta.
     kern::LayerGateBackwardParams gp{};
     gp.check = check;
     gp.dout = tensor4(dout);
@@ -264,14 +261,11 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     gp.units = plan.gate_units;
     gp.out_s = fine.out_s.data;
     gp.delta = vsa_backward_delta(h, f, fine_ws);
-    gp.done = done;
     Launch l;
     l.grid_x = plan.gate_backward_blocks;
     l.block = 128;
     launch("layer", kernel_name("gate_bwd", f).c_str(), h.device, l, stream, gp);
-    return l.grid_x;
-  };
-  const std::function<void()> coarse_backward = [&] {
+
     // 2-3. The coarse attention's backward: its q side, then its kv side.
     kern::LayerCoarseBackwardParams cp{};
     cp.check = check;
@@ -297,7 +291,6 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     cp.rows_in_smem = plan.coarse.rows_in_smem ? 1 : 0;
     cp.stage_rows = plan.coarse.stage_rows;
     cp.kv_chunk_rows = plan.coarse.kv_chunk_rows;
-    Launch l;
     l.grid_x = plan.coarse_q_tiles;
     l.grid_y = static_cast<unsigned>(f.B * f.Hq);
     l.block = kern::kLayerCoarseThreads;
@@ -311,12 +304,13 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
 
   // 4. The fine branch's backward, writing dq, dk, dv with the block means' terms.
   // The first of them runs beside the coarse backward, which writes the terms alone: its q side
-  // lets the kv side launch only once the inverse, and with it the gate pass (Delta), have
+  // lets the kv side launch only once the gate pass (Delta) and the inverse before it have
   // completed, and the first of them launches only once every block of the kv side runs
   // (kern::BlockTerms::written_beside).
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check, /*written_beside=*/1};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
-               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, &gate_pass, &coarse_backward);
+               kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_written=*/true,
+               &layer_kernels);
 }
 
 }  // namespace fva::cuda

@@ -5,7 +5,6 @@
 
 #include "cuda_ops.h"
 #include "params.h"
-#include "vsa_plan.h"
 
 namespace fva::cuda {
 namespace {
@@ -65,11 +64,7 @@ VsaLayerPlan plan_vsa_layer(const fva_handle& h, const VsaLayerProblem& p) {
   plan.mean_qk_blocks = blocks_for(plan.mean_qk_units, per_block);
   plan.mean_v_blocks = blocks_for(plan.mean_v_units, per_block);
   plan.gate_blocks = static_cast<unsigned>(plan.gate_units);
-  // The gate's backward runs beside the fine backward's k2q inverse (vsa_layer_ops.cpp): at most
-  // kBesideInverseThreadsPerSm of its threads per SM, its blocks striding over the units.
-  const unsigned beside_blocks = kBesideInverseThreadsPerSm / static_cast<unsigned>(kPassThreads) *
-                                 static_cast<unsigned>(std::max(h.device.sm_count, 1));
-  plan.gate_backward_blocks = std::min(blocks_for(plan.gate_units, per_block), beside_blocks);
+  plan.gate_backward_blocks = blocks_for(plan.gate_units, per_block);
   plan.coarse_q_tiles = blocks_for(f.num_q_blocks, kern::kLayerCoarseRows);
   plan.coarse_kv_tiles = blocks_for(f.num_kv_blocks, kern::kLayerCoarseRows);
   plan.coarse =

@@ -152,16 +152,9 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
   kern::Sm90ForwardParams native;
   if (plan.family == KernelFamily::kSm90 &&
       sm90_encode_forward(Sm90Kind::kVsa, a, p.D, a.Skv, &native)) {
-    // The layer's output pass, fused where its tensors have maps; otherwise the forward runs as
-    // the plain one (it waits at entry) and the layer runs its own pass after it.
-    bool fused = false;
-    if (layer_gate != nullptr) {
-      native.layer_gate = *layer_gate;
-      fused = sm90_encode_layer_gate(a, p.D, &native.layer_gate);
-      if (!fused) native.layer_gate = {};
-    }
+    if (layer_gate != nullptr) native.layer_gate = *layer_gate;
     sm90_vsa_forward_launch(h, native, p.D, q.dtype, stream);
-    return fused;
+    return layer_gate != nullptr;
   }
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
@@ -175,9 +168,10 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 
 namespace {
 
-// Delta's blocks (128 threads) per SM where it runs beside the k2q inverse, with kDeltaUnroll row
-// groups in flight per warp (portable/attention_backward.cuh).
-constexpr unsigned kDeltaBesideBlocksPerSm = kBesideInverseThreadsPerSm / 128;
+// Delta's blocks per SM where it runs beside the k2q inverse: 512 of the SM's 2048 threads, so
+// the inverse's blocks still find room, and with kDeltaUnroll row groups in flight per warp
+// (portable/attention_backward.cuh) enough loads for the DRAM.
+constexpr unsigned kDeltaBesideBlocksPerSm = 4;
 
 }  // namespace
 
@@ -194,8 +188,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& lse, const fva_tensor_t& dout, const fva_tensor_t& q2k_idx,
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
-                  void* stream, const kern::BlockTerms* terms,
-                  const std::function<unsigned(int32_t*)>* write_delta,
+                  void* stream, const kern::BlockTerms* terms, bool delta_written,
                   const std::function<void()>* before_gradients) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
@@ -211,17 +204,16 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   ip.H = a.Hq;
   ip.skip_empty_blocks = 1;  // blocks without a real token contribute nothing
   if (plan.orders_kv_blocks) {
-    // Delta first (or the caller's kernel that writes it), in a grid that stays resident beside
-    // the inverse's kernels (DRAM-bound beside latency-bound): the inverse's last kernel (the
-    // block order, or fva_vsa_invert_unit, which orders too) holds its exit until Delta's count
-    // is full, so the kernels chained after it read a finished Delta (indices/vsa_invert.cu).
-    memset_words(delta_done, 0, 1, stream, "Delta's count");
-    ip.delta_done = delta_done;
-    if (write_delta != nullptr) {
-      ip.delta_blocks = static_cast<int32_t>((*write_delta)(delta_done));
-    } else {
+    // Delta first, in a grid that stays resident beside the inverse's kernels (DRAM-bound beside
+    // latency-bound): the inverse's last kernel (the block order, or fva_vsa_invert_unit, which
+    // orders too) holds its exit until Delta's count is full, so the dK/dV kernel chained after
+    // it reads a finished Delta (indices/vsa_invert.cu). Written earlier in the chain, Delta
+    // needs no count: the inverse's kernels wait for the kernels before them as usual.
+    if (!delta_written) {
+      memset_words(delta_done, 0, 1, stream, "Delta's count");
       kern::AttentionParams counted = a;
       counted.delta_done = delta_done;
+      ip.delta_done = delta_done;
       ip.delta_blocks = static_cast<int32_t>(launch_delta(
           h, counted, p.D, q.dtype, stream, kDeltaBesideBlocksPerSm * static_cast<unsigned>(h.device.sm_count)));
     }
@@ -237,12 +229,8 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   a.vsa.inv_offsets = inverse.offsets;
   a.vsa.inv_entries = inverse.entries;
   a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
-  if (!plan.orders_kv_blocks) {  // beside the inverse's last kernel
-    if (write_delta != nullptr)
-      (*write_delta)(nullptr);
-    else
-      launch_delta(h, a, p.D, q.dtype, stream);
-  }
+  if (!plan.orders_kv_blocks && !delta_written)
+    launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
   if (before_gradients != nullptr) (*before_gradients)();
 
   kern::Sm90BackwardParams native;

@@ -16,11 +16,6 @@
 
 namespace fva::cuda {
 
-// Threads per SM of a DRAM-bound pass that runs beside the VSA backward's k2q inverse (its Delta,
-// or the VSA layer's gate pass, which writes Delta): 512 of the SM's 2048, so that the inverse's
-// blocks still find room, and with the passes' loads in flight per thread enough for the DRAM.
-constexpr unsigned kBesideInverseThreadsPerSm = 512;
-
 struct VsaForwardPlan {
   KernelFamily family = KernelFamily::kPortable;
   size_t workspace_bytes = 0;  // none
