@@ -31,7 +31,11 @@
 #   "layer|vsa_fwd"; each build's launches of those kernels during the layer's bench, timed by
 #   tools/device/kernel_times.sh, end summary.txt, a line per launch), LAYER_TIMELINE (optional,
 #   with LAYER: 1 runs tools/lab/layer_timeline.py on each build's library at the layer's grid,
-#   heads and topk, and its kernel timelines end summary.txt).
+#   heads and topk, and its kernel timelines end summary.txt), LAYER_SANITIZERS (optional, with
+#   LAYER: compute-sanitizer tools, e.g. "memcheck racecheck", run over the layer's suite in quick
+#   mode before the A/B; a failure skips it), LAYER_ALSO (optional, with LAYER: more layer shapes
+#   separated by ';', e.g. "--layer 21,30,52 --heads 40 --topk 78": each benched once per build
+#   after the rounds, base first, its layer rows in summary.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/fvattn-ab-check}
 mkdir -p "$OUT"
@@ -70,6 +74,15 @@ if [ -n "${LAYER:-}" ]; then
   for kernels in native portable; do
     suite "layer suite ($kernels)" "$work/layer-$kernels.log" \
       env FVATTN_TEST_KERNELS=$kernels $B/tests/test_gpu_vsa_layer
+  done
+  suite "layer suite (deterministic, no stored dS)" "$work/layer-deterministic.log" \
+    env FVATTN_TEST_DETERMINISTIC=1 FVATTN_TEST_DS_BUDGET_MIB=0 $B/tests/test_gpu_vsa_layer
+  for tool in ${LAYER_SANITIZERS:-}; do
+    FVATTN_GPU_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      --print-limit 20 $B/tests/test_gpu_vsa_layer > "$work/layer-sanitizer-$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool (layer suite): $([ $rc -eq 0 ] && echo PASS || echo "FAIL (rc $rc)"): $(tail -n 1 "$work/layer-sanitizer-$tool.log")"
+    [ $rc -eq 0 ] || finish 1
   done
 fi
 
@@ -163,6 +176,18 @@ for r in range(1, rounds + 1):
 for op in ops:
     print(f"{op:40s} {', '.join(rows[op]['base']):>24s} {', '.join(rows[op]['new']):>24s}")
 PY
+  IFS=';' read -r -a also <<< "${LAYER_ALSO:-}"
+  for shape in "${also[@]}"; do
+    [ -n "${shape// /}" ] || continue
+    for name in base new; do
+      b=$B
+      [ "$name" = base ] && b=$base_dir/build-gpu
+      note "== layer ($name): $shape"
+      # shellcheck disable=SC2086
+      timeout 180 $b/tools/fvattn bench --ops layer $shape --no-sdpa --iters 10 --warmup 2 2>&1 |
+        grep -E '^(op |layer)' | tee -a "$summary"
+    done
+  done
   for name in base new; do
     b=$B
     [ "$name" = base ] && b=$base_dir/build-gpu
