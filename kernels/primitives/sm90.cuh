@@ -126,12 +126,9 @@ __device__ __forceinline__ uint32_t swizzled_chunk_128b(uint32_t region, int row
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
 }
-__device__ __forceinline__ uint4 ld_shared_u128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const void* tensor_map) {

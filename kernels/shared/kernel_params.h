@@ -110,7 +110,11 @@ struct alignas(64) TensorMap {
 // the portable kernels. out.data null: no fused pass (every call but the layer's).
 struct Sm90FusedLayerGate {
   Tensor4 gate;  // data null: no gate
-  Tensor4 out;
+  Tensor4 out;   // data null: no fused pass
+  // gate and out as 4-d maps like Sm90ForwardParams' (boxes of 64 columns x 64 rows, 128-byte
+  // swizzle): the forward loads the block's gate rows into its K tile once the last S has read it,
+  // and stores out from its V tile once the last P·V has read it (sm90/fused_layer_gate.cuh).
+  TensorMap gate_map, out_map;
   const void* out_c;  // [B, Hq, nq, D], contiguous
   int32_t nq;
   // The forward's last kernel writes the reserve's whole record (block (0, 0), thread 0).
@@ -120,7 +124,7 @@ struct Sm90FusedLayerGate {
   // forward reads, and lets the forward launch only after its own wait, so everything else the
   // forward reads was complete at its launch (the layer's coarse output, vsa_layer/coarse_forward.cu).
   // The forward then runs beside it and waits for it only before its epilogue reads out_c
-  // (await_layer_out_c, sm90/fused_layer_gate.cuh), which every block reaches, so it still
+  // (LayerOutputStage, sm90/fused_layer_gate.cuh), which every block reaches, so it still
   // completes after it.
   int32_t out_c_beside;
 };

@@ -4,7 +4,8 @@
 //     S = Q Kᵀ (wgmma, shared-memory operands) -> ragged mask -> online softmax -> o += P·V (wgmma,
 //     P from registers, V in shared memory)
 // then stores its rows (sm90/forward_epilogue.cuh, store_forward_outputs_tma) and, for the VSA
-// layer's call, computes the layer's output from them (sm90/fused_layer_gate.cuh).
+// layer's call, the layer's output beside them, the gate rows loaded into the K tile after the last
+// S and out stored from the V tile (sm90/fused_layer_gate.cuh).
 // The softmax rescales lazily (primitives/online_softmax.cuh): o and l are rescaled only when a
 // row's max passes its reference by more than 2^8, not whenever some row's max rises, which also
 // frees the registers for the one-FMA exponent.
@@ -88,6 +89,10 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   typename Schedule::Window list(sched);
   auto tile = list.pop();
   tiles.load_first_keys(&P.k, &P.v, at, tile.valid() ? tile.key0() : -1);
+  // The layer's gate rows go to the K tile once no K needs it: here where the list is empty, else
+  // after the last listed tile's S (sm90/fused_layer_gate.cuh).
+  if (!tile.valid() && tid == 0 && fuses_layer_gate_load(P.layer_gate))
+    issue_layer_gate_load(P.layer_gate, p, tiles, kK);
   // Warp 0 alone issues the loads (its lane 0): a warp-uniform branch the other warps skip.
   const bool loader = __shfl_sync(0xffffffffu, warp, 0) == 0;
 
@@ -127,8 +132,12 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
     fence_registers(s_flat);
     warpgroup_sync();
     FVA_VSA_FWD_TILE_TRACE(2, tile.index);
-    if (loader && next.valid() && lane == 0)
-      tiles.load(kK, &P.k, tiles.bar_k(), next.key0(), hk, b);
+    if (loader && lane == 0) {
+      if (next.valid())
+        tiles.load(kK, &P.k, tiles.bar_k(), next.key0(), hk, b);
+      else if (fuses_layer_gate_load(P.layer_gate))
+        issue_layer_gate_load(P.layer_gate, p, tiles, kK);
+    }
 
     // Mask (ragged blocks), softmax, P as the A operands of P·V.
     const int n_valid = tile.tokens();
@@ -181,10 +190,15 @@ __device__ __forceinline__ void attention_forward_compact_sm90(const kern::Sm90F
   }
 
   FVA_VSA_FWD_TRACE(2);
-  if (P.layer_gate.out.data != nullptr) prefetch_layer_gate<D>(P.layer_gate, p, tid);
-  store_forward_outputs_tma<T, D, L>(P, o, m, q_tile, tid, warp, g, t);
-  // The VSA layer's call: its output pass, from the tile just staged (sm90/fused_layer_gate.cuh).
-  if (P.layer_gate.out.data != nullptr) fused_layer_gate<T, D, L>(P.layer_gate, p, q_tile, tid);
+  if (fuses_layer_output(P.layer_gate)) {
+    // The VSA layer's call: its output pass beside o's (sm90/fused_layer_gate.cuh), the gate
+    // from the K tile (K's barrier one phase after the last listed K: `phase`), out staged in
+    // the V tile.
+    const LayerOutputStage<T, D, L> layer(P.layer_gate, p, tiles, k_tile, v_tile, phase, t);
+    store_forward_outputs_tma<T, D, L>(P, o, m, q_tile, tid, warp, g, t, layer);
+  } else {
+    store_forward_outputs_tma<T, D, L>(P, o, m, q_tile, tid, warp, g, t);
+  }
   FVA_VSA_FWD_TRACE(3);
 }
 

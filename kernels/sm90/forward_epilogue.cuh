@@ -116,18 +116,28 @@ __device__ __forceinline__ void store_forward_tile(const kern::Sm90ForwardParams
   }
 }
 
+// What a caller adds to the VSA forward's epilogue: nothing (the VSA layer's call adds its output
+// pass, sm90/fused_layer_gate.cuh's LayerOutputStage). stage() sees every packed o word the
+// epilogue stages, at its byte offset in the tile; store() runs on the thread that issues the tile's
+// TMA store, before the commit.
+struct NoExtraOutput {
+  __device__ __forceinline__ void stage(uint32_t, int, uint32_t) const {}
+  __device__ __forceinline__ void store(int, int, int) const {}
+};
+
 // The VSA forward's epilogue (a 64-row q block, one warpgroup: tid, warp, g, t): o = [o | l]'s D
 // columns / l through shared memory and the TMA, lse by the threads. Each thread writes its
 // normalized, packed pairs into `staging` (a free tile of Tiles, the Q tile once the last S has
 // read it) in the map's 128-byte swizzle, one conflict-free 4-byte store each (a warp's 32 lanes
 // hit 32 banks), and one thread stores the tile: the TMA writes whole lines and skips rows past
 // Sq. Where the rows go comes from fresh reads of the block's index (opaque): the mainloop then
-// keeps no register for them.
-template <typename T, int D, typename Tiles>
+// keeps no register for them. `extra` sees each staged word and issues its own stores with o's.
+template <typename T, int D, typename Tiles, typename Extra = NoExtraOutput>
 __device__ __forceinline__ void store_forward_outputs_tma(const kern::Sm90ForwardParams& P,
                                                           const float (&o)[D / 2 + 4],
                                                           const float (&m)[2], uint32_t staging,
-                                                          int tid, int warp, int g, int t) {
+                                                          int tid, int warp, int g, int t,
+                                                          const Extra& extra = Extra{}) {
   const kern::AttentionParams& p = P.a;
   const float l[2] = {o[D / 2], o[D / 2 + 2]};  // rows g and g + 8 (every column holds the sum)
   const CompactBlock out(p, opaque(blockIdx.x), opaque(blockIdx.y));
@@ -137,10 +147,12 @@ __device__ __forceinline__ void store_forward_outputs_tma(const kern::Sm90Forwar
     const float inv = l[r] != 0.0f ? __frcp_rn(l[r]) : 0.0f;  // o = 0 where l = 0 (acc is 0); NaN l: NaN
     const int row = 16 * warp + g + 8 * r;  // row % 8 = g
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      st_shared_u32(
-          swizzled_chunk_128b(staging + (j / 8) * Tiles::kRegionBytes, row, g, j % 8) + 4 * t,
-          T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv));
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t offset = swizzled_chunk_128b((j / 8) * Tiles::kRegionBytes, row, g, j % 8) + 4 * t;
+      const uint32_t word = T::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      st_shared_u32(staging + offset, word);
+      extra.stage(offset, j, word);
+    }
   }
   fence_proxy_async();
   warpgroup_sync();
@@ -148,13 +160,14 @@ __device__ __forceinline__ void store_forward_outputs_tma(const kern::Sm90Forwar
 #pragma unroll
     for (int r = 0; r < Tiles::kRegions; ++r)
       tma_store_4d(&P.o, staging + r * Tiles::kRegionBytes, 64 * r, out.row0, out.h, out.b);
+    extra.store(out.row0, out.h, out.b);
     bulk_store_commit();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r)
     if (t == 0 && row_base + 8 * r < p.Sq)
       store_row_lse(p, out.b, out.h, row_base + 8 * r, m[r], l[r]);
-  if (tid == 0) bulk_store_wait_read();  // the tile stays allocated until the TMA has read it
+  if (tid == 0) bulk_store_wait_read();  // the tiles stay allocated until the TMA has read them
 }
 
 }  // namespace fva::dev::sm90

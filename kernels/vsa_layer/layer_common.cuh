@@ -77,25 +77,34 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
                     pack<T>(f[6], f[7]));
 }
 
-// SPEC 3b step 5 for 8 elements: out = dtype(dtype(out_c * gate) + out_s), torch's two roundings (a
-// product, then a sum, each a tensor in the dtype); without a gate (gate null) dtype(out_c + out_s).
-// The gate pass (gate.cu) and the sm_90a VSA forward's fused epilogue (sm90/fused_layer_gate.cuh)
-// both compute out with it.
+// SPEC 3b step 5 for one element: out = dtype(dtype(out_c * gate) + out_s), torch's two roundings
+// (a product, then a sum, each a tensor in the dtype; the caller rounds the sum as it packs it);
+// without a gate dtype(out_c + out_s). The gate pass (gate.cu) and the sm_90a VSA forward's fused
+// epilogue (sm90/fused_layer_gate.cuh) both compute out with it.
+template <typename T>
+__device__ __forceinline__ float gate_combine(float out_c, float out_s, float gate, bool gated) {
+  return gated ? rnd<T>(out_c * gate) + out_s : out_c + out_s;
+}
+
+// The same for 8 elements (16 bytes; gate null: no gate) ...
 template <typename T>
 __device__ __forceinline__ uint4 gate_combine8(const float (&oc)[8], const uint4& out_s,
                                                const uint4* gate) {
-  float os[8], o[8];
+  const bool gated = gate != nullptr;
+  float os[8], gt[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, o[8];
   unpack8<T>(out_s, os);
-  if (gate != nullptr) {
-    float gt[8];
-    unpack8<T>(*gate, gt);
+  if (gated) unpack8<T>(*gate, gt);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = rnd<T>(oc[e] * gt[e]) + os[e];
-  } else {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = oc[e] + os[e];
-  }
+  for (int e = 0; e < 8; ++e) o[e] = gate_combine<T>(oc[e], os[e], gt[e], gated);
   return pack8<T>(o);
+}
+
+// ... and for a pair of them (32-bit words of out_c, out_s and the gate, low element first).
+template <typename T>
+__device__ __forceinline__ uint32_t gate_combine2(uint32_t out_c, uint32_t out_s, uint32_t gate,
+                                                  bool gated) {
+  return pack<T>(gate_combine<T>(lo<T>(out_c), lo<T>(out_s), lo<T>(gate), gated),
+                 gate_combine<T>(hi<T>(out_c), hi<T>(out_s), hi<T>(gate), gated));
 }
 
 // The elements of a [B, H, S, D] view at (b, h, s), as 16-bit words.

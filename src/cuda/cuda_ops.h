@@ -39,7 +39,8 @@ void nvfp4_fake_quantize(const fva_handle& h, const Nvfp4Problem& p, const fva_t
 size_t vsa_forward_workspace(const fva_handle& h, const VsaProblem& p);
 // layer_gate (the VSA layer's forward; null for fva_vsa_forward): the layer's output pass, which
 // the sm_90a kernel runs in its epilogue (kern::Sm90FusedLayerGate). Returns whether it ran; if
-// not (the portable kernels), the caller runs the pass on its own.
+// not (the portable kernels, or a gate or out the TMA cannot map), the caller runs the pass on its
+// own.
 bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
                  const fva_tensor_t& k, const fva_tensor_t& v, const fva_tensor_t& q2k_idx,
                  const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,

@@ -101,6 +101,14 @@ bool sm90_encode_forward(Sm90Kind kind, const kern::AttentionParams& a, int64_t 
           (a.o_hp.data == nullptr && encode(*api, a.o, a.B, a.Hq, a.Sq, D, &params->o)));
 }
 
+bool sm90_encode_layer_gate(const kern::AttentionParams& a, int64_t D,
+                            kern::Sm90FusedLayerGate* gate) {
+  const Api* api = tma_api();
+  return api != nullptr && gate->out.data != nullptr &&
+         encode(*api, gate->out, a.B, a.Hq, a.Sq, D, &gate->out_map) &&
+         (gate->gate.data == nullptr || encode(*api, gate->gate, a.B, a.Hq, a.Sq, D, &gate->gate_map));
+}
+
 size_t Sm90ForwardSplit::partial_floats() const {
   if (pieces < 2) return 0;
   const int per_thread = kern::sm90_forward_partial_floats(static_cast<int>(D), quantize_p);

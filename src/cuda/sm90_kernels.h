@@ -30,6 +30,12 @@ bool sm90_covers_p_scale(bool quantize_p, int32_t p_scale);
 bool sm90_encode_forward(Sm90Kind kind, const kern::AttentionParams& a, int64_t D, int64_t kv_rows,
                          kern::Sm90ForwardParams* params);
 
+// The TMA maps of the VSA layer's gate and out ([B, Hq, Sq, D], as q) into *gate, for the output
+// pass the sm_90a VSA forward fuses (sm90/fused_layer_gate.cuh); false where the driver refuses
+// one (then the layer's separate gate pass runs).
+bool sm90_encode_layer_gate(const kern::AttentionParams& a, int64_t D,
+                            kern::Sm90FusedLayerGate* gate);
+
 // The TMA maps of the backward (q, k, v, dout) into *params; false as above. a.delta and the
 // gradient outputs must be set.
 bool sm90_encode_backward(const kern::AttentionParams& a, int64_t D,

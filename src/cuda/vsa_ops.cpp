@@ -152,9 +152,16 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
   kern::Sm90ForwardParams native;
   if (plan.family == KernelFamily::kSm90 &&
       sm90_encode_forward(Sm90Kind::kVsa, a, p.D, a.Skv, &native)) {
-    if (layer_gate != nullptr) native.layer_gate = *layer_gate;
+    // The layer's output pass, fused where its tensors have maps; otherwise the forward runs as
+    // the plain one (it waits at entry) and the layer runs its own pass after it.
+    bool fused = false;
+    if (layer_gate != nullptr) {
+      native.layer_gate = *layer_gate;
+      fused = sm90_encode_layer_gate(a, p.D, &native.layer_gate);
+      if (!fused) native.layer_gate = {};
+    }
     sm90_vsa_forward_launch(h, native, p.D, q.dtype, stream);
-    return layer_gate != nullptr;
+    return fused;
   }
   Launch l;
   l.grid_x = static_cast<unsigned>(p.num_q_blocks);
