@@ -143,12 +143,6 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
 }
 
-// The same into the L2 only: for a read a kernel will make a little later (a few microseconds),
-// so that its DRAM latency passes meanwhile.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 // Barrier over `threads` threads (a multiple of 32) with hardware barrier `id` (1..15; 0 is
 // __syncthreads): lets a pair of warps exchange values without stopping the whole block. The
 // "memory" clobber keeps the compiler from moving shared-memory accesses across it (the values

@@ -15,10 +15,10 @@
 // (kernel_images.h); the backward's chain starts with the fine branch's k2q inverse (latency-bound,
 // a few blocks), beside whose last kernel the gate pass (DRAM-bound) runs. Not the other way round,
 // as the fine backward runs its Delta: the inverse's kernel for short lists takes a whole SM's
-// registers, which it finds only before the gate pass's blocks spread over every SM. Nothing is read back on
-// the host and nothing synchronizes: the backward's kernels, the fine branch's included, check the
-// reserve's record on the device, and where it is not the record of a forward of this call's
-// problem they write nothing.
+// registers, which it finds only before the gate pass's blocks spread over every SM. Nothing is
+// read back on the host and nothing synchronizes: the backward's kernels, the fine branch's
+// included, check the reserve's record on the device, and where it is not the record of a forward
+// of this call's problem they write nothing.
 #include <fmt/format.h>
 
 #include <functional>
