@@ -80,7 +80,6 @@ struct QatKeyTiles {
 
 struct QatQueryTiles {
   static constexpr bool kMayQuantizeP = true;
-  static constexpr bool kLayerDgate = false;  // QAT has no VSA layer around it
   struct Cursor {
     int head = -1, row0 = 0, index = 0;
     __device__ __forceinline__ bool valid() const { return head >= 0; }

@@ -21,17 +21,6 @@ __device__ __forceinline__ int vsa_block_tokens(const kern::VsaLists& v, int kv)
   return min(max(v.block_sizes[kv * v.block_sizes_stride], 0), 64);
 }
 
-// Whether the first entry of q block qb's list (unit b, h) is one the backward's inverse keeps
-// (blocks without a real token skipped, indices/vsa_invert.cu): then exactly one dK/dV block, that
-// entry's kv block's, walks the pair at slot 0 (VsaQueryTiles::first_of_q_block).
-__device__ __forceinline__ bool vsa_first_entry_usable(const kern::VsaLists& v, int b, int h,
-                                                       int qb) {
-  const int n = v.q2k_num[b * v.num_stride_b + h * v.num_stride_h + qb * v.num_stride_qb];
-  if (min(max(n, 0), v.max_k) < 1) return false;
-  const int kv = v.q2k_idx[b * v.idx_stride_b + h * v.idx_stride_h + qb * v.idx_stride_qb];
-  return kv >= 0 && kv < v.num_kv_blocks && vsa_block_tokens(v, kv) > 0;
-}
-
 struct VsaKeyTiles {
   static constexpr int kSubTile = 64;
   static constexpr float kMaskedLogit = -__builtin_huge_valf();
@@ -123,8 +112,6 @@ struct VsaKeyTiles {
 
 struct VsaQueryTiles {
   static constexpr bool kMayQuantizeP = false;
-  // The VSA layer's dgate rows may come from the dK/dV kernel (kern::Sm90LayerDgate).
-  static constexpr bool kLayerDgate = true;
   struct Cursor {
     int head = -1, row0 = 0, entry = 0, half = 0;
     int slot = 0;  // the entry's place in its q block's q2k list
@@ -181,9 +168,6 @@ struct VsaQueryTiles {
   __device__ __forceinline__ int output_rows() const { return 64; }
   // Where the stored-dS backward keeps the pair's tile among its q block's: the q2k slot.
   __device__ __forceinline__ int ds_slot(const Cursor& c) const { return c.slot; }
-  // Whether the pair is its q block's list's first entry: one dK/dV block per q block walks it,
-  // where that entry is usable (vsa_first_entry_usable).
-  __device__ __forceinline__ bool first_of_q_block(const Cursor& c) const { return c.slot == 0; }
   __device__ __forceinline__ bool visible(int, int, int slot, int n_valid) const {
     return slot < n_valid;
   }

@@ -167,17 +167,6 @@ struct Sm90ForwardParams {
 // The sm_90a backward's dQ and dK/dV: the portable parameters plus TMA maps of what they read.
 // The dK/dV kernel that also reduces dQ (handles that are not deterministic) adds into dq_accum and
 // ds_rowsum in the workspace (sm90/dq_accumulator.cuh: their layout); null otherwise.
-// The VSA layer's dgate = dtype(dout * out_c[block]) (SPEC 3b) from the sm_90a dK/dV kernel, for
-// the layer's backward: the kernel that walks q block i's first q2k entry (slot 0) has that q
-// block's 64 dout rows in a ring stage, and its idle producer warps write the block's dgate rows
-// from there (sm90/dkdv_layer_dgate.cuh); the layer's gate pass then writes only the q blocks whose
-// first entry no dK/dV block walks (vsa_layer/gate.cu). dgate.data null: the kernel writes none.
-struct Sm90LayerDgate {
-  Tensor4 dgate;
-  const void* out_c;  // [B, Hq, nq, D], contiguous
-  int32_t nq;
-};
-
 struct Sm90BackwardParams {
   AttentionParams a;
   TensorMap q, k, v, dout;
@@ -191,7 +180,6 @@ struct Sm90BackwardParams {
   // tiles x key tiles), from tile ((u - kv_unit0 Hq / Hkv) ds_q_tiles) ds_slots on.
   void* ds_tiles;
   int32_t kv_unit0, ds_q_tiles, ds_slots;
-  Sm90LayerDgate layer_dgate;  // the VSA layer's backward; dgate.data null otherwise
 };
 
 // Whether a launch runs beside the kernels before it in its call until it reads what they write

@@ -77,11 +77,10 @@ constexpr int sm90_compact_smem_bytes(int D, int tiles, bool ones_region = false
 // sm_90a dK/dV: K and V (per consumer: one, or two with dQ fused), kStages (Q, dO) tile pairs, with
 // dQ fused two buffers of a dSᵀ tile per consumer (64 x 64 16-bit) and a 2048-byte tile of ones
 // (the B operand of rowsum(dS)); then the stages' lse and Delta, the stages' query-tile records
-// (kSm90StagedTileBytes each, sm90/dkdv_ring.cuh StagedTile), mbarriers (fused: 4 more).
-constexpr int kSm90StagedTileBytes = 24;
+// (16 bytes each, sm90/attention_dkdv.cuh StagedTile), mbarriers (fused: 4 more).
 constexpr int sm90_dkdv_smem_bytes(int D, int stages, bool fuse_dq) {
   return (2 * (fuse_dq ? 2 : 1) + 2 * stages) * 64 * D * 2 +
-         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * (2 * 64 * 4 + kSm90StagedTileBytes) +
+         (fuse_dq ? 2 * 2 * 64 * 64 * 2 + 2048 : 0) + stages * (2 * 64 * 4 + 16) +
          8 * (1 + 2 * stages + (fuse_dq ? 4 : 0));
 }
 

@@ -101,11 +101,6 @@ struct LayerGateBackwardParams {
   // as written.
   const void* out_s;
   float* delta;
-  // Nonzero: the fine backward's sm_90a dK/dV kernel writes dgate for every q block whose list's
-  // first entry its inverse keeps (kern::Sm90LayerDgate), and this pass writes the other q blocks'
-  // dgate only. lists: the fine branch's (their q2k lists and kv block sizes).
-  int32_t dgate_in_fine;
-  VsaLists lists;
 };
 
 // The coarse attention's backward for its q side (vsa_layer/coarse_backward.cu), a block per (b, q

@@ -12,8 +12,7 @@
 //         dV += [FQ_P](Pᵀ) dO, dK += dSᵀ Q (wgmma, P and dS from registers)
 //     (sm90/dkdv_mainloop.cuh) and finally stores dK * scale and dV (sm90/dkdv_epilogue.cuh). Two
 //     such blocks share an SM, interleaving one's exponentials with the other's products; a dQ
-//     kernel follows. For the VSA layer's backward, the consumer also writes the layer's dgate
-//     rows of the q blocks whose list's first entry is its kv block (sm90/dkdv_layer_dgate.cuh).
+//     kernel follows.
 //   - kStoreDs (the default within the workspace budget, both backwards, every handle): each
 //     pair's dSᵀ also goes to the workspace as it sits in the registers (8 KiB, fully coalesced
 //     stores, issued during the next tile), and the dQ kernel of sm90/attention_dq_from_ds.cuh

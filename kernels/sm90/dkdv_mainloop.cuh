@@ -19,7 +19,6 @@
 #include "shared/kernel_params.h"
 #include "primitives/online_softmax.cuh"
 #include "sm90/dkdv_epilogue.cuh"
-#include "sm90/dkdv_layer_dgate.cuh"
 #include "sm90/dkdv_fused_dq.cuh"
 #include "sm90/dkdv_ring.cuh"
 #include "primitives/block_terms.cuh"
@@ -154,7 +153,7 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
   // kFuseDq: the query tiles this consumer has finished, and the last one (its dQ part runs one
   // tile late, see below).
   [[maybe_unused]] int done = 0;
-  [[maybe_unused]] StagedTile last{-1, 0, 0, 0};
+  [[maybe_unused]] StagedTile last{-1, 0, 0};
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -284,11 +283,6 @@ __device__ __forceinline__ void dkdv_consumer(const DkdvRing<D, kStages, kFuseDq
       ++done;
     } else {
       view.issue_dv_dk(dv, dk, a_p, a_ds, stage, done);
-      // The VSA layer's dgate rows of this q block, under dV and dK (sm90/dkdv_layer_dgate.cuh).
-      if constexpr (Schedule::kLayerDgate) {
-        if (c.writes_dgate)
-          write_layer_dgate_rows<T, D>(P, check, b, c.head, c.row0, ring.do_tile(stage), tid);
-      }
       if constexpr (kStoreDs) {
         // The pair's tile (the producer's index), stored now (under dV and dK) or, kDeferDs,
         // during the next tile.

@@ -93,12 +93,7 @@ __device__ __forceinline__ void produce_dkdv_tiles(const DkdvRing<D, kStages, kF
                                static_cast<int64_t>(P.kv_unit0) * (p.Hq / p.Hkv);
           ds_tile = (unit * P.ds_q_tiles + (c.row0 >> 6)) * P.ds_slots + sched.ds_slot(c);
         }
-        // The VSA layer's dgate rows of the q block come with its list's first entry
-        // (sm90/dkdv_layer_dgate.cuh).
-        int writes_dgate = 0;
-        if constexpr (Schedule::kLayerDgate)
-          writes_dgate = P.layer_dgate.dgate.data != nullptr && sched.first_of_q_block(c);
-        staged[stage] = StagedTile{c.head, c.row0, ds_tile, writes_dgate};
+        staged[stage] = StagedTile{c.head, c.row0, ds_tile};
       }
       mbar_arrive(ring.bar_full(stage));
       if (++stage == kStages) stage = 0, phase ^= 1;
@@ -107,7 +102,7 @@ __device__ __forceinline__ void produce_dkdv_tiles(const DkdvRing<D, kStages, kF
     // stands for the TMA's).
     mbar_wait(ring.bar_empty(stage), phase ^ 1);
     if (lane == 0) {
-      staged[stage] = StagedTile{-1, 0, 0, 0};
+      staged[stage] = StagedTile{-1, 0, 0};
       mbar_arrive(ring.bar_full(stage));
     }
     mbar_arrive(ring.bar_full(stage));

@@ -20,15 +20,11 @@ namespace fva::dev::sm90 {
 // dependent global loads per tile), which would delay each tile's first product in the consumer;
 // the producer runs stages ahead, so the loads cost it nothing. head < 0 ends the stream. ds_tile
 // (kStoreDs): the pair's dS tile in P.ds_tiles, whose index arithmetic the producer does too.
-// writes_dgate: the VSA layer's dgate rows of this q block come from this stage's dO
-// (sm90/dkdv_layer_dgate.cuh).
 struct StagedTile {
   int head, row0;
   int64_t ds_tile;
-  int writes_dgate;
   __device__ __forceinline__ bool valid() const { return head >= 0; }
 };
-static_assert(sizeof(StagedTile) == kern::kSm90StagedTileBytes, "host and device disagree");
 
 template <int D, int kStages, bool kFuseDq>
 struct DkdvRing {
@@ -46,7 +42,7 @@ struct DkdvRing {
   static constexpr int kOnes = kDs + (kFuseDq ? 2 * kConsumers * kRegionBytes : 0);
   static constexpr int kRowStats = kOnes + (kFuseDq ? 2048 : 0);  // stage s: lse[64], Delta[64]
   static constexpr int kTiles = kRowStats + kStages * 2 * 64 * 4;  // stage s: its StagedTile
-  static constexpr int kBarriers = kTiles + kStages * kern::kSm90StagedTileBytes;
+  static constexpr int kBarriers = kTiles + kStages * 16;
   static_assert(kern::sm90_dkdv_smem_bytes(D, kStages, kFuseDq) ==
                     kBarriers + 8 * (1 + 2 * kStages + (kFuseDq ? 4 : 0)),
                 "host and device disagree on the shared-memory layout");
@@ -93,9 +89,8 @@ struct DkdvRing {
     mbar_init(bar_kv(), 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_full(s), 1 + 32);
-      // Every consumer thread arrives: each has read the stage with plain loads (its lse/Delta,
-      // and for the VSA layer its dO, sm90/dkdv_layer_dgate.cuh), and its own arrival (release)
-      // is what orders those reads before the producer's next writes.
+      // Every consumer thread arrives: each has read the stage's lse/Delta with plain loads, and
+      // its own arrival (release) is what orders those reads before the producer's next stores.
       mbar_init(bar_empty(s), 128 * kConsumers);
     }
     if (kFuseDq) {

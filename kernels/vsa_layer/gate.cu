@@ -7,16 +7,13 @@
 //   - backward, gate: dgate = dtype(dout * out_c[block]) and dout_c[i] = dtype(Σ over block i's 64
 //     slots of dtype(dout * gate)) (no gate: of dout), the slots summed in order; and, since it
 //     reads dout anyway, the fine backward's Delta = rowsum(out_s * dout) (fp32), so that the
-//     fine backward needs no pass of its own over dout. Where the fine backward runs the sm_90a
-//     kernels, its dK/dV kernel writes most of dgate (sm90/dkdv_layer_dgate.cuh), and this pass
-//     only the q blocks whose list's first entry no dK/dV block walks;
+//     fine backward needs no pass of its own over dout;
 // (The block means' backward takes no pass of its own: the fine branch's backward adds each block's
 // term as it writes dq, dk and dv, kern::BlockTerms.)
 // A unit of work is one 64-slot block of one (b, h). Both passes move 16 bytes a thread (the API
 // guarantees 16-byte aligned rows); in the backward a thread owns eight columns of the unit and
 // sums their slots in order. The backward's kernels check the reserve's record first and write
 // nothing when it is not this call's.
-#include "schedules/vsa.cuh"  // vsa_first_entry_usable
 #include "vsa_layer/layer_common.cuh"
 
 namespace fva::dev::layer {
@@ -65,11 +62,9 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
   const int64_t bh = unit / p.nq;
   const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
   const int c = threadIdx.x % kThreadsPerUnit;  // columns 8c .. 8c + 7
-  const uint4 oc = reinterpret_cast<const uint4*>(p.out_c)[(bh * p.nq + i) * (D / 8) + c];
+  float oc[8];
+  unpack8<T>(reinterpret_cast<const uint4*>(p.out_c)[(bh * p.nq + i) * (D / 8) + c], oc);
   const bool gated = p.gate.data != nullptr;
-  // dgate, unless the fine backward's dK/dV kernel writes this q block's (kern::Sm90LayerDgate).
-  const bool writes_dgate =
-      gated && !(p.dgate_in_fine != 0 && vsa_first_entry_usable(p.lists, b, h, i));
   const int64_t s0 = static_cast<int64_t>(i) * 64;
   const uint16_t* dout = row_of(p.dout, b, h, s0) + 8 * c;
   const uint16_t* gate = gated ? row_of(p.gate, b, h, s0) + 8 * c : nullptr;
@@ -97,12 +92,14 @@ __device__ __forceinline__ void gate_backward(const kern::LayerGateBackwardParam
       float d[8];
       unpack8<T>(wd[r], d);
       if (gated) {
-        float g[8];
+        float g[8], dg[8];
         unpack8<T>(wg[r], g);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) sum[e] += rnd<T>(d[e] * g[e]);
-        if (writes_dgate)
-          *reinterpret_cast<uint4*>(dgate + (r0 + r) * p.dgate.stride_s) = dgate8<T>(wd[r], oc);
+        for (int e = 0; e < 8; ++e) {
+          sum[e] += rnd<T>(d[e] * g[e]);
+          dg[e] = d[e] * oc[e];
+        }
+        *reinterpret_cast<uint4*>(dgate + (r0 + r) * p.dgate.stride_s) = pack8<T>(dg);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) sum[e] += d[e];

@@ -29,12 +29,6 @@ struct Elem<Bf16> {
   static __device__ __forceinline__ float value(uint16_t b) {
     return __uint_as_float(static_cast<uint32_t>(b) << 16);
   }
-  // The pairs' products, each rounded once (an FMA with -0, which leaves every product's sign).
-  static __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-    return d;
-  }
 };
 template <>
 struct Elem<F16> {
@@ -44,11 +38,6 @@ struct Elem<F16> {
   }
   static __device__ __forceinline__ float value(uint16_t b) {
     return __half2float(__ushort_as_half(b));
-  }
-  static __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-    return d;
   }
 };
 
@@ -116,21 +105,6 @@ __device__ __forceinline__ uint32_t gate_combine2(uint32_t out_c, uint32_t out_s
                                                   bool gated) {
   return pack<T>(gate_combine<T>(lo<T>(out_c), lo<T>(out_s), lo<T>(gate), gated),
                  gate_combine<T>(hi<T>(out_c), hi<T>(out_s), hi<T>(gate), gated));
-}
-
-// SPEC 3b's dgate = dtype(dout * out_c[block]) for a pair of elements (32-bit words, low element
-// first) and for 8 (16 bytes), each product rounded once to the dtype: torch's product in fp32,
-// which is exact for two dtype values (but below fp32's normal range), rounded as it is stored.
-// One packed instruction per pair. The gate pass (gate.cu) and the sm_90a dK/dV kernel's dgate
-// warps (sm90/dkdv_layer_dgate.cuh) both write dgate with it.
-template <typename T>
-__device__ __forceinline__ uint32_t dgate2(uint32_t dout, uint32_t out_c) {
-  return Elem<T>::mul2(dout, out_c);
-}
-template <typename T>
-__device__ __forceinline__ uint4 dgate8(const uint4& dout, const uint4& out_c) {
-  return make_uint4(dgate2<T>(dout.x, out_c.x), dgate2<T>(dout.y, out_c.y),
-                    dgate2<T>(dout.z, out_c.z), dgate2<T>(dout.w, out_c.w));
 }
 
 // The elements of a [B, H, S, D] view at (b, h, s), as 16-bit words.

@@ -60,11 +60,6 @@ bool vsa_forward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q
 // the k2q inverse and before the kernels that write dq, dk and dv (the VSA layer's gate pass and
 // coarse backward, which then run beside the inverse's last kernel, the inverse's latency hidden
 // under the gate's pass over memory); with delta_written, one of them may be what writes Delta.
-// It gets the fine branch's lists where the sm_90a dK/dV kernel writes the layer's dgate
-// (layer_dgate, not null with dgate.data not null: kern::Sm90LayerDgate, for every q block whose
-// list's first entry is usable), null where it does not (the portable kernels), so that the
-// caller's gate pass writes the rest or all of it.
-using BeforeGradients = std::function<void(const kern::VsaLists* dgate_in_fine)>;
 size_t vsa_backward_workspace(const fva_handle& h, const VsaProblem& p);
 float* vsa_backward_delta(const fva_handle& h, const VsaProblem& p, void* ws);
 void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& q,
@@ -74,8 +69,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms = nullptr,
                   bool delta_written = false,
-                  const BeforeGradients* before_gradients = nullptr,
-                  const kern::Sm90LayerDgate* layer_dgate = nullptr);
+                  const std::function<void()>* before_gradients = nullptr);
 
 // Delta = rowsum(o_for_bwd * dO) into a.delta, the pre-pass of both backwards (a.D's kernel), a
 // row group per warp, or with max_blocks > 0 at most that many blocks striding over the rows.

@@ -216,7 +216,6 @@ bool sm90_encode_backward(const kern::AttentionParams& a, int64_t D,
   params->dq_accum = params->ds_rowsum = nullptr;  // sm90_fused_backward_launch sets them
   params->ds_tiles = nullptr;                      // the stored-dS backward sets them
   params->kv_unit0 = params->ds_q_tiles = params->ds_slots = 0;
-  params->layer_dgate = {};  // the VSA layer's backward sets it
   params->q_tiles = static_cast<int32_t>(blocks_for(a.Sq, 64));
   return encode(*api, a.q, a.B, a.Hq, a.Sq, D, &params->q) &&
          encode(*api, a.k, a.B, a.Hkv, a.Skv, D, &params->k) &&

@@ -248,16 +248,8 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   // k2q inverse, then (its hook, before_gradients) the layer's own kernels, the first of them beside
   // the inverse's last kernel, then the fine kernels that write dq, dk and dv.
   const LaunchChain chain(h.device, h.tuning);
-  // The fine backward's sm_90a dK/dV kernel writes dgate where it can (kern::Sm90LayerDgate).
-  kern::Sm90LayerDgate layer_dgate{};
-  if (gate != nullptr) {
-    layer_dgate.dgate = optional_tensor4(dgate);
-    layer_dgate.out_c = reserve_pointer<char>(reserve, r.out_c);
-    layer_dgate.nq = nq;
-  }
-  const BeforeGradients layer_kernels = [&](const kern::VsaLists* dgate_in_fine) {
-    // 1. dgate (the q blocks the fine dK/dV kernel does not write), dout_c = the coarse output's
-    //    gradient, and the fine backward's Delta.
+  const std::function<void()> layer_kernels = [&] {
+    // 1. dgate, dout_c = the coarse output's gradient, and the fine backward's Delta.
     kern::LayerGateBackwardParams gp{};
     gp.check = check;
     gp.dout = tensor4(dout);
@@ -271,10 +263,6 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
     gp.units = plan.gate_units;
     gp.out_s = fine.out_s.data;
     gp.delta = vsa_backward_delta(h, f, fine_ws);
-    if (dgate_in_fine != nullptr) {
-      gp.dgate_in_fine = 1;
-      gp.lists = *dgate_in_fine;
-    }
     Launch l;
     l.grid_x = plan.gate_backward_blocks;
     l.block = 128;
@@ -324,7 +312,7 @@ void vsa_layer_backward(const fva_handle& h, const VsaLayerProblem& p, const fva
   const kern::BlockTerms terms{dq_term, dk_term, dv_term, check, /*written_beside=*/1};
   vsa_backward(h, f, q, k, v, fine.out_s, fine.lse_s, dout, fine.q2k_idx, fine.q2k_num,
                kv_block_sizes, dq, dk, dv, fine_ws, stream, &terms, /*delta_written=*/true,
-               &layer_kernels, &layer_dgate);
+               &layer_kernels);
 }
 
 }  // namespace fva::cuda

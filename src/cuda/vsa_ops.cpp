@@ -196,8 +196,7 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
                   const fva_tensor_t& q2k_num, const fva_tensor_t& block_sizes,
                   const fva_tensor_t& dq, const fva_tensor_t& dk, const fva_tensor_t& dv, void* ws,
                   void* stream, const kern::BlockTerms* terms, bool delta_written,
-                  const BeforeGradients* before_gradients,
-                  const kern::Sm90LayerDgate* layer_dgate) {
+                  const std::function<void()>* before_gradients) {
   const VsaBackwardPlan plan = plan_vsa_backward(h, p);
   const LaunchChain chain(h.device, h.tuning);  // the call's kernels chained (kernel_images.h)
   int32_t* const kv_order = workspace_pointer<int32_t>(ws, plan.kv_order);
@@ -239,13 +238,10 @@ void vsa_backward(const fva_handle& h, const VsaProblem& p, const fva_tensor_t& 
   a.vsa.inv_entries_per_unit = p.num_q_blocks * p.max_k;
   if (!plan.orders_kv_blocks && !delta_written)
     launch_delta(h, a, p.D, q.dtype, stream);  // beside the inverse's last kernel
-  kern::Sm90BackwardParams native;
-  const bool sm90 = plan.family == KernelFamily::kSm90 && sm90_encode_backward(a, p.D, &native);
-  const bool dgate_in_fine = sm90 && layer_dgate != nullptr && layer_dgate->dgate.data != nullptr;
-  if (dgate_in_fine) native.layer_dgate = *layer_dgate;
-  if (before_gradients != nullptr) (*before_gradients)(dgate_in_fine ? &a.vsa : nullptr);
+  if (before_gradients != nullptr) (*before_gradients)();
 
-  if (sm90) {
+  kern::Sm90BackwardParams native;
+  if (plan.family == KernelFamily::kSm90 && sm90_encode_backward(a, p.D, &native)) {
     if (plan.ds_chunks.kv_units_per_chunk > 0) {  // dK/dV storing dS, then dQ from it
       sm90_stored_ds_backward_launch(h, Sm90Kind::kVsa, native, p.D, q.dtype, plan.ds_chunks,
                                      workspace_pointer<char>(ws, plan.ds_tiles),
