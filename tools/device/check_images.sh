@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The kernel images of a build (tools/gpu-check's sass step; runs anywhere cuobjdump does):
+# The kernel images of a build (tools/gpu-check's sass step, and CI's; runs anywhere cuobjdump and
+# nvdisasm do: tools/sass_tools.sh fetches both where the toolkit has none):
 #   tools/device/check_images.sh BUILD/kernels
 # Every portable family's fatbin (qat, vsa, prep, layer) must hold SASS for each release
 # architecture and the compute_80 PTX, its PTX-only fatbin that PTX; the sm90 family SASS for
-# sm_90a. Prints each fatbin's images and exits non-zero on anything missing.
+# sm_90a, with wgmma (HGMMA) instructions in it. Prints each fatbin's images and exits non-zero on
+# anything missing.
 set -uo pipefail
 dir=${1:?usage: check_images.sh BUILD/kernels}
 want="sm_80 sm_86 sm_89 sm_90a sm_100f sm_120f"
@@ -24,5 +26,8 @@ done
 sm90=$(cuobjdump --list-elf "$dir/fvattn_sm90.fatbin" 2>&1 | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ')
 echo "sm90: SASS $sm90"
 grep -q 'sm_90' <<< "$sm90" || { echo "  missing SASS sm_90a"; rc=1; }
+hgmma=$(cuobjdump --dump-sass "$dir/fvattn_sm90.fatbin" 2>&1 | grep -c HGMMA)
+echo "sm90: $hgmma HGMMA instructions"
+[ "$hgmma" -gt 0 ] || { echo "  the sm90 family holds no wgmma"; rc=1; }
 [ $rc -eq 0 ] && echo "every family holds SASS for: $want, and PTX compute_80"
 exit $rc
