@@ -26,7 +26,7 @@ __device__ __forceinline__ bool fuses_layer_output(const kern::Sm90FusedLayerGat
   return G.out.data != nullptr;
 }
 __device__ __forceinline__ bool fuses_layer_gate_load(const kern::Sm90FusedLayerGate& G) {
-  return G.out.data != nullptr && G.gate.data != nullptr;
+  return fuses_layer_output(G) && G.gate.data != nullptr;
 }
 
 // The loading thread, once its K tile is free for good: the block's 64 gate rows into it, on K's
